@@ -1,0 +1,36 @@
+"""The `conductor` command line. Each command group lives in its own module and
+registers itself on ``app``; heavy libraries are imported inside the commands."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+app = typer.Typer(
+    name="conductor",
+    help="Train and run a conductor model that orchestrates a pool of LLM workers.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def fail(message: str, code: int = 2) -> "typer.Exit":
+    """Print one line starting 'error:' to stderr and exit non-zero."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+# Command modules: one line each; the import registers the commands.
+from conductor.cli import parse_cmd as _parse_cmd  # noqa: E402,F401
+from conductor.cli import pool_cmd as _pool_cmd  # noqa: E402,F401
+from conductor.cli import prompt_cmd as _prompt_cmd  # noqa: E402,F401
+
+
+def main() -> None:
+    app(prog_name="conductor")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

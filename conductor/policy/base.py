@@ -1,0 +1,41 @@
+"""The policy-backend extension point: prompts in, n sampled completions out.
+
+Backends (vLLM offline batch, transformers, llama.cpp, any OpenAI-compatible
+endpoint) apply the chat template themselves and return token ids and
+log-probs when they can, because GRPO needs the behaviour log-probs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass
+class Generation:
+    text: str
+    token_ids: list[int] | None = None      # completion tokens only
+    logprobs: list[float] | None = None     # one per completion token, under the sampling policy
+    finish_reason: str | None = None        # "stop" | "length"
+    prompt_token_ids: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    temperature: float = 1.0       # the paper samples GRPO groups at T = 1.0
+    max_tokens: int = 1024         # the paper's conductor completion limit
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    logprobs: bool = True
+
+
+class PolicyBackend(Protocol):
+    name: str
+
+    def generate(self, prompts: list[str], n: int, params: GenerationParams) -> list[list[Generation]]:
+        """For each prompt (a user message), n independent samples."""
+        ...
+
+    def close(self) -> None:  # pragma: no cover - optional
+        ...
