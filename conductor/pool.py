@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -196,6 +198,9 @@ def parse_pool(text: str, source: str = "<pool>") -> Pool:
         raise PoolError(f"{source}{where}: invalid YAML: {getattr(e, 'problem', None) or e}") from None
     if not isinstance(data, dict):
         raise PoolError(f"{source}: a pool manifest is a mapping with pool_id and workers")
+    for w in data.get("workers") or []:
+        if isinstance(w, dict) and isinstance(w.get("base_url"), str):
+            w["base_url"] = expand_env(w["base_url"])
     try:
         return Pool.model_validate(data)
     except ValidationError as e:
@@ -205,6 +210,18 @@ def parse_pool(text: str, source: str = "<pool>") -> Pool:
         field_path = _dotted(loc, data)
         msg = err["msg"].removeprefix("Value error, ")
         raise PoolError(f"{source}{f':{line}' if line else ''}: {field_path}: {msg}") from None
+
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand_env(value: str) -> str:
+    """Expand ${VAR} and ${VAR:-default} (endpoints differ per deployment; keys never go here).
+
+    >>> expand_env("${CONDUCTOR_UNSET_VAR:-http://127.0.0.1:8000/v1}")
+    'http://127.0.0.1:8000/v1'
+    """
+    return _ENV_REF.sub(lambda m: os.environ.get(m.group(1)) or (m.group(2) or ""), value)
 
 
 def _dotted(loc: list[Any], data: Any) -> str:

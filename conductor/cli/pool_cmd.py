@@ -1,0 +1,56 @@
+"""`conductor pool validate|sample|show`: check manifests and draw randomized sub-pools."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from conductor.cli import app, fail
+
+pool_app = typer.Typer(help="Pool manifests: validate, show, sample k-of-n sub-pools.", no_args_is_help=True)
+app.add_typer(pool_app, name="pool")
+
+
+def _load(file: Path):
+    from conductor.pool import PoolError, load_pool
+
+    try:
+        return load_pool(file)
+    except PoolError as e:
+        fail(str(e))
+
+
+@pool_app.command("validate")
+def validate(files: list[Path] = typer.Argument(..., help="One or more pool manifests (YAML).")) -> None:
+    """Validate manifests; print 'ok <pool id> <n> workers <fingerprint>' per file, exit 2 on the first error."""
+    for f in files:
+        p = _load(f)
+        typer.echo(f"ok {f} {p.id} {len(p.workers)} workers fingerprint={p.fingerprint}")
+
+
+@pool_app.command("show")
+def show(file: Path = typer.Argument(..., help="Pool manifest (YAML).")) -> None:
+    """Print the validated manifest as JSON (defaults filled in; key variables by name only)."""
+    typer.echo(json.dumps(_load(file).model_dump(mode="json"), indent=2))
+
+
+@pool_app.command("sample")
+def sample(
+    file: Path = typer.Argument(..., help="Pool manifest (YAML)."),
+    k: int = typer.Option(..., "--k", min=1, help="How many workers the sub-pool has."),
+    seed: int = typer.Option(0, "--seed", help="Random seed; the same seed gives the same sub-pool."),
+    shuffle: bool = typer.Option(False, "--shuffle", help="Random order instead of manifest order."),
+) -> None:
+    """Draw a random k-of-n sub-pool; print the ordinal -> worker mapping as JSON."""
+    from conductor.pool import PoolError
+
+    p = _load(file)
+    try:
+        sub = p.sample(k, seed, shuffle=shuffle)
+    except PoolError as e:
+        fail(str(e))
+    typer.echo(json.dumps({"pool": p.id, "k": k, "seed": seed,
+                           "models": [{"ordinal": i, "worker": w.name, "provider": w.provider, "model": w.model}
+                                      for i, w in enumerate(sub.workers)]}))

@@ -1,0 +1,174 @@
+"""Prompts, in our own words, with the paper's structure (App. E, Fig. 13/14).
+
+Three texts: the conductor prompt (role, step format, execution rule, the three
+output lists, few-shot examples, ``USER QUESTION``, ``AVAILABLE LANGUAGE
+MODELS``), the recursion-round prompt, and the message a worker receives.
+Few-shot examples live in ``data/fewshot/*.yaml``; the default uses only
+out-of-domain examples, which the paper found best (Table 4).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Sequence
+
+import yaml
+
+from conductor.providers.base import Message
+from conductor.workflow import DEFAULT_MAX_STEPS, Workflow
+
+if TYPE_CHECKING:
+    from conductor.pool import SubPool
+
+FewShotPolicy = Literal["ood", "in_domain", "mixed", "none"]
+FEWSHOT_DIR = Path(__file__).resolve().parent.parent / "data" / "fewshot"
+
+CONDUCTOR_TEMPLATE = """\
+You are a conductor. You never answer questions yourself; you get answers by directing a team of numbered \
+language models, each with different strengths. Given a user question and the list of available models, \
+write a workflow of at most {max_steps} steps.
+
+Each step has three parts:
+- the model that runs it (its number),
+- the subtask you write for it: solve from scratch, refine or verify earlier work, plan for later models, \
+or anything else that helps the final answer,
+- its access list: which earlier steps (their subtasks and the models' responses) the model will see.
+
+How the workflow runs: the first model receives the user question and its subtask. Every later model \
+receives the user question, the earlier steps named in its access list, and its own subtask. The response \
+of the last step is returned to the user as the final answer, so make the last subtask produce the answer \
+in the format the question asks for.
+
+Think briefly about the question and which models to use, then end your reply with exactly three Python \
+lists of equal length:
+model_id = [...]      # integers: the model for each step
+subtasks = [...]      # strings: the subtask for each step
+access_list = [...]   # per step: ["all"] to show every earlier step, or [] to show none
+
+Examples (their model numbers refer to other pools, not to the models below):
+{examples}
+USER QUESTION:
+{question}
+
+AVAILABLE LANGUAGE MODELS:
+{models}
+"""
+
+RECURSION_TEMPLATE = """\
+
+RESULT OF YOUR PREVIOUS WORKFLOW:
+Here is the final response your previous workflow produced:
+<previous_final_response>
+{previous_answer}
+</previous_final_response>
+
+You may now correct or improve it with a new workflow of at most {max_steps} steps, in the same format. \
+A step whose access list is ["all"] also sees the previous workflow's steps and this final response. \
+If the response above is already correct and well formatted, keep it by writing three empty lists:
+model_id = []
+subtasks = []
+access_list = []
+"""
+
+WORKER_PREAMBLE = """\
+You are working on one subtask of a larger task. Other agents may have worked on earlier subtasks; \
+where you are shown them, they appear as <Subtask assigned to Agent N> and <Agent N response> blocks. \
+Use them as you see fit: build on them, check them, or correct their mistakes.
+
+<overall_task>
+{question}
+</overall_task>
+"""
+
+
+@dataclass(frozen=True)
+class FewShot:
+    dataset: str
+    domain: str
+    question: str
+    response: str
+
+    def render(self) -> str:
+        return f"Question: {self.question.strip()}\nAssistant response:\n{self.response.strip()}\n"
+
+
+@functools.lru_cache(maxsize=8)
+def load_fewshot(name: str) -> tuple[FewShot, ...]:
+    """Examples from data/fewshot/<name>.yaml (or a path)."""
+    path = Path(name) if name.endswith((".yaml", ".yml")) else FEWSHOT_DIR / f"{name}.yaml"
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return tuple(FewShot(**{k: str(v) for k, v in ex.items()}) for ex in data["examples"])
+
+
+def select_fewshot(policy: FewShotPolicy = "ood", domain: str | None = None, k: int = 4) -> list[FewShot]:
+    """The paper's default is four out-of-domain examples; 'in_domain' and 'mixed' exist for the ablation."""
+    if policy == "none":
+        return []
+    ood = list(load_fewshot("ood"))
+    if policy == "ood":
+        return ood[:k]
+    ind = [e for e in load_fewshot("in_domain") if domain is None or e.domain == domain] or list(load_fewshot("in_domain"))
+    if policy == "in_domain":
+        return ind[:k]
+    mixed = [e for pair in zip(ind, ood) for e in pair] + ood[len(ind):]
+    return mixed[:k]
+
+
+def describe_models(subpool: "SubPool", describe: Literal["ordinal", "notes"] = "ordinal") -> str:
+    """Workers as "Model 0..k-1". The paper shows ordinals only, so names cannot bias the choice."""
+    lines = []
+    for i, w in enumerate(subpool.workers):
+        extra = f": {w.notes.strip()}" if describe == "notes" and w.notes.strip() else ""
+        lines.append(f"Model {i}{extra}")
+    return "\n".join(lines)
+
+
+def conductor_prompt(question: str, subpool: "SubPool", *, fewshot: FewShotPolicy = "ood",
+                     domain: str | None = None, max_steps: int = DEFAULT_MAX_STEPS,
+                     describe: Literal["ordinal", "notes"] = "ordinal") -> str:
+    """The user message the conductor model receives (the backend applies its chat template)."""
+    examples = "\n".join(e.render() for e in select_fewshot(fewshot, domain))
+    return CONDUCTOR_TEMPLATE.format(max_steps=max_steps, examples=examples or "(none)\n",
+                                     question=question.strip(), models=describe_models(subpool, describe))
+
+
+def recursion_prompt(previous_answer: str, max_steps: int = DEFAULT_MAX_STEPS) -> str:
+    """Appended to the conductor's conversation for a recursion round (Fig. 14's structure)."""
+    return RECURSION_TEMPLATE.format(previous_answer=(previous_answer or "").strip() or "(empty)", max_steps=max_steps)
+
+
+def worker_messages(question: str, workflow: Workflow, step_index: int, responses: dict[int, str],
+                    previous_round: Sequence[tuple[int, str, str]] | None = None,
+                    system_prompt: str | None = None, prefill: str | None = None) -> list[Message]:
+    """What the worker of ``step_index`` sees: the question, the earlier steps its access list names, its subtask.
+
+    ``previous_round`` holds (worker, subtask, response) of the previous recursion round; it is shown to
+    steps whose access is "all", as the paper's recursion prompt describes. Steps with an empty response
+    are skipped.
+    """
+    step = workflow.steps[step_index]
+    parts = [WORKER_PREAMBLE.format(question=question.strip())]
+    if previous_round and step.access == "all":
+        parts.append("PREVIOUS ROUND SUBTASKS AND RESPONSES:")
+        for worker, subtask, response in previous_round:
+            if response.strip():
+                parts.append(f"<Previous round subtask assigned to Agent {worker}>\n{subtask}\n"
+                             f"</Previous round subtask assigned to Agent {worker}>\n"
+                             f"<Previous round Agent {worker} response>\n{response}\n</Previous round Agent {worker} response>")
+    for j in step.sees(step_index):
+        response = responses.get(j, "")
+        if not response.strip():
+            continue
+        other = workflow.steps[j]
+        parts.append(f"<Subtask assigned to Agent {other.worker}>\n{other.subtask}\n</Subtask assigned to Agent {other.worker}>\n"
+                     f"<Agent {other.worker} response>\n{response}\n</Agent {other.worker} response>")
+    parts.append(f"Your assigned subtask: {step.subtask}")
+    messages = []
+    if system_prompt:
+        messages.append(Message("system", system_prompt))
+    messages.append(Message("user", "\n\n".join(parts)))
+    if prefill:
+        messages.append(Message("assistant", prefill))
+    return messages

@@ -1,0 +1,88 @@
+"""API keys come only from the environment, and never leave the process in clear.
+
+Keys are read by the variable NAME a pool manifest gives (``api_key_env``).
+``redact`` scrubs the actual values of every variable we have read or were told
+about, plus common key shapes, from any text about to be logged, raised or
+stored: providers sometimes echo part of a key in their error bodies, and SDK
+exception strings include those bodies.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+
+from conductor.providers.base import ProviderError
+
+REDACTED = "[REDACTED]"
+
+# Variables whose values are always scrubbed, even if no worker names them.
+DEFAULT_KEY_ENVS: tuple[str, ...] = (
+    "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GOOGLE_API_KEY", "GEMINI_API_KEY",
+    "TOGETHER_API_KEY", "DEEPSEEK_API_KEY", "OPENROUTER_API_KEY", "HF_TOKEN",
+    "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+)
+
+# Common key shapes (OpenAI/Anthropic sk-..., Google AIza..., HF hf_..., bearer headers).
+_PATTERNS = re.compile(
+    r"(sk-(?:ant-|proj-)?[A-Za-z0-9_\-]{16,})"
+    r"|(AIza[0-9A-Za-z_\-]{30,})"
+    r"|(hf_[A-Za-z0-9]{20,})"
+    r"|((?i:bearer)\s+[A-Za-z0-9._\-]{12,})"
+)
+
+_lock = threading.Lock()
+_env_names: set[str] = set(DEFAULT_KEY_ENVS)
+_MIN_SECRET_LEN = 6   # shorter values are too likely to hit ordinary words
+
+
+def register_key_env(name: str) -> None:
+    """Scrub this variable's value from everything ``redact`` sees from now on."""
+    with _lock:
+        _env_names.add(name)
+
+
+def key_env_names() -> list[str]:
+    with _lock:
+        return sorted(_env_names)
+
+
+def get_key(env_name: str, worker: str = "") -> str:
+    """The key in ``env_name``; a ``missing_key`` ProviderError naming the variable, never a value.
+
+    >>> import os; os.environ["CONDUCTOR_DOCTEST_KEY"] = "k-123456789"
+    >>> get_key("CONDUCTOR_DOCTEST_KEY")
+    'k-123456789'
+    >>> redact("token k-123456789 leaked")
+    'token [REDACTED] leaked'
+    """
+    register_key_env(env_name)
+    value = os.environ.get(env_name, "").strip()
+    if not value:
+        who = f"worker {worker}: " if worker else ""
+        raise ProviderError("missing_key", f"{who}environment variable {env_name} is not set (it must hold the API key)")
+    return value
+
+
+def _secret_values() -> list[str]:
+    with _lock:
+        names = list(_env_names)
+    vals = {os.environ.get(n, "").strip() for n in names}
+    return sorted((v for v in vals if len(v) >= _MIN_SECRET_LEN), key=len, reverse=True)
+
+
+def redact(text: str | None) -> str:
+    """Remove configured key values and key-shaped strings from ``text``.
+
+    >>> redact("Incorrect API key provided: sk-abcdefghijklmnopqrstuvwx")
+    'Incorrect API key provided: [REDACTED]'
+    >>> redact("nothing secret")
+    'nothing secret'
+    """
+    if not text:
+        return "" if text is None else text
+    for v in _secret_values():
+        if v in text:
+            text = text.replace(v, REDACTED)
+    return _PATTERNS.sub(REDACTED, text)
