@@ -75,8 +75,7 @@ def parse_workflow(text: Any, n_workers: int | None = None, max_steps: int = DEF
 def _parse(text: Any, n_workers: int | None, max_steps: int, allow_empty: bool, access_mode: str) -> Workflow | ParseError:
     if not isinstance(text, str):
         return ParseError("input", f"expected text, got {type(text).__name__}")
-    body = strip_reasoning(text)
-    spans = find_lists(body)
+    spans = max((find_lists(c) for c in _candidates(text)), key=len)
     raw: dict[str, Any] = {}
     for name in LISTS:
         if name not in spans:
@@ -104,13 +103,19 @@ def _parse(text: Any, n_workers: int | None, max_steps: int, allow_empty: bool, 
     return wf.validate(n_workers=n_workers, max_steps=max_steps, allow_empty=allow_empty)
 
 
-def strip_reasoning(text: str) -> str:
-    """Drop <think> blocks (and everything before a stray closing tag)."""
-    text = _THINK_RE.sub(" ", text)
+def _candidates(text: str) -> list[str]:
+    """Where the lists may be, most likely first: after the reasoning, without <think> blocks, the raw text.
+
+    A subtask may itself mention ``</think>``, so stripping is only a first guess; ``max`` over the
+    candidates keeps the first one that holds the most lists.
+    """
+    out = []
     low = text.lower()
     if "</think>" in low:
-        text = text[low.rindex("</think>") + len("</think>"):]
-    return text
+        out.append(text[low.rindex("</think>") + len("</think>"):])
+        out.append(_THINK_RE.sub(" ", text))
+    out.append(text)
+    return out
 
 
 def find_lists(text: str) -> dict[str, str]:

@@ -23,7 +23,7 @@ def group_advantages(rewards: Sequence[float | None], eps: float = 1e-4, scale: 
     ``scale="none"`` is Dr. GRPO (mean-centred only).
 
     >>> [round(a, 3) for a in group_advantages([1.0, 0.5, 0.0, 0.5])]
-    [1.225, 0.0, -1.225, 0.0]
+    [1.224, 0.0, -1.224, 0.0]
     >>> group_advantages([1.0, None, 0.0], scale="none")
     [0.5, None, -0.5]
     >>> group_advantages([0.5, 0.5])        # no contrast, no signal

@@ -246,12 +246,22 @@ def format_answer(answer: str, rec: GoldRecord) -> str:
 
 
 def _context_has_correct(messages: list[Message], rec: GoldRecord) -> bool:
-    """True if an earlier response visible in the messages already states the gold answer."""
+    """True if an earlier response visible in the messages already states the gold answer.
+
+    The question itself is cut out first: its format instruction may show an
+    example answer ("<answer>B</answer>") that must not count as help.
+
+    >>> q = "<overall_task>Pick one. e.g. <answer>B</answer></overall_task>"
+    >>> _context_has_correct([Message("user", q)], GoldRecord("B", "mcq"))
+    False
+    >>> _context_has_correct([Message("user", q + "<Agent 0 response><answer>B</answer>")], GoldRecord("B", "mcq"))
+    True
+    """
+    text = _TASK_RE.sub(" ", "\n".join(m.content for m in messages))
     gold = rec.gold.strip()
     if _domain_kind(rec) == "code":
-        return gold[:80] in "\n".join(m.content for m in messages[1:]) if len(messages) > 1 else False
-    needles = (f"<answer>{gold}</answer>", f"\\boxed{{{gold}}}")
-    return any(n in m.content for m in messages for n in needles)
+        return bool(gold) and gold[:80] in text
+    return f"<answer>{gold}</answer>" in text or f"\\boxed{{{gold}}}" in text
 
 
 # ------------------------------------------------------------------ provider

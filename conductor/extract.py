@@ -1,0 +1,215 @@
+"""Pull the final answer out of a free-form model response.
+
+Models end answers in many ways: ``<answer>..</answer>`` tags (what our prompts
+ask for), ``\\boxed{..}``, "The answer is ..", "#### ..", or just a last number.
+Each rule is a small pure function returning ``None`` when it does not apply;
+``extract`` tries the rules of a per-dataset ``Extraction`` config in order.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BOX_SPACE_RE = re.compile(r"\\boxed +([^\s$]+)")
+_FINAL_RE = re.compile(
+    r"(?:final\s+answer\s*(?:is)?\s*[:：]?|the\s+(?:correct\s+)?answer\s+is\s*[:：]?|answer\s*[:：]|####)\s*(.+)",
+    re.IGNORECASE)
+_NUMBER_RE = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|(?<![\w.])-?\.\d+")
+_CODE_RE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+_LETTER_PATTERNS = (
+    r"(?:answer|option|choice)\s*(?:is|:)?\s*(?:option\s*)?\(?\**([A-{last}])\**\)?(?![\w])",
+    r"^\s*\(?\**([A-{last}])\**\)?\s*(?:[.):]|$)",
+    r"\(([A-{last}])\)",
+    r"(?<![\w'])([A-{last}])(?![\w'])",
+)
+
+
+def answer_tag(text: str) -> str | None:
+    """Content of the last ``<answer>...</answer>`` pair.
+
+    >>> answer_tag("<idea>x</idea><answer> 42 </answer>")
+    '42'
+    >>> answer_tag("no tags") is None
+    True
+    """
+    found = _TAG_RE.findall(text)
+    return found[-1].strip() if found else None
+
+
+def boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (nested braces allowed).
+
+    >>> boxed(r"so $\\boxed{\\frac{1}{2}}$ and")
+    '\\\\frac{1}{2}'
+    >>> boxed(r"\\boxed{a} then \\boxed{\\{1,2\\}}")
+    '\\\\{1,2\\\\}'
+    >>> boxed(r"\\boxed{unclosed") is None
+    True
+    """
+    last: str | None = None
+    for m in _BOX_RE.finditer(text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            ch = text[i]
+            if ch == "\\" and i + 1 < len(text):
+                i += 2
+                continue
+            depth += 1 if ch == "{" else -1 if ch == "}" else 0
+            i += 1
+        if depth == 0:
+            last = text[m.end(): i - 1].strip()
+    if last is None:
+        spaced = _BOX_SPACE_RE.findall(text)
+        last = spaced[-1] if spaced else None
+    return last
+
+
+def _clean_line(s: str) -> str:
+    s = s.strip().strip("*").strip().rstrip(".").strip()
+    s = re.sub(r"^\$+|\$+$", "", s).strip()
+    s = re.sub(r"^\\\(|\\\)$", "", s).strip()
+    return s.rstrip(".").strip()
+
+
+def final_answer_line(text: str) -> str | None:
+    """The rest of the line after the last "The answer is", "Final answer:", "Answer:" or "####".
+
+    >>> final_answer_line("work...\\n#### 1,234")
+    '1,234'
+    >>> final_answer_line("So the final answer is: $x^2$.")
+    'x^2'
+    >>> final_answer_line("nothing here") is None
+    True
+    """
+    best: str | None = None
+    for line in text.splitlines():
+        for m in _FINAL_RE.finditer(line):
+            cand = _clean_line(m.group(1))
+            if cand:
+                best = cand
+    return best
+
+
+def last_number(text: str) -> str | None:
+    """The last number in the text, thousands separators removed.
+
+    >>> last_number("Costs $1,200.50 then 7 more, so 3/4")
+    '3/4'
+    >>> last_number("it is -5.")
+    '-5'
+    >>> last_number("none") is None
+    True
+    """
+    found = _NUMBER_RE.findall(text)
+    return found[-1].replace(",", "") if found else None
+
+
+def choice_letter(text: str, n_choices: int = 4, choices: Sequence[str] | None = None) -> str | None:
+    """A choice letter (A..) from phrases like "answer is (B)", "B.", or a bare letter;
+    falls back to matching an option's text.
+
+    >>> choice_letter("The answer is (C).")
+    'C'
+    >>> choice_letter("b")
+    'B'
+    >>> choice_letter("I pick Paris", 3, ["London", "Paris", "Rome"])
+    'B'
+    >>> choice_letter("maybe", 4) is None
+    True
+    """
+    if n_choices < 1:
+        return None
+    last = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[min(n_choices, 26) - 1]
+    stripped = text.strip().strip("*$ ").rstrip(".")
+    if len(stripped) == 1 and stripped.upper() <= last and stripped.isalpha():
+        return stripped.upper()
+    for pattern in _LETTER_PATTERNS:
+        found = re.findall(pattern.format(last=last), text, flags=re.MULTILINE)
+        if found:
+            return found[-1].upper()
+    if choices:
+        low = text.lower()
+        hits = [(low.rfind(str(c).strip().lower()), i) for i, c in enumerate(choices) if str(c).strip()]
+        hits = [(pos, i) for pos, i in hits if pos >= 0]
+        if hits:
+            # prefer the option that appears last; among ties the longest text
+            pos, i = max(hits, key=lambda h: (h[0] + len(str(choices[h[1]])), len(str(choices[h[1]]))))
+            return "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[i]
+    return None
+
+
+def code_block(text: str) -> str | None:
+    """The last fenced code block (python preferred); the whole text if it has no fence.
+
+    >>> code_block("Here:\\n```python\\ndef f():\\n    return 1\\n```\\nDone.")
+    'def f():\\n    return 1\\n'
+    >>> code_block("def g(): pass")
+    'def g(): pass'
+    """
+    blocks = _CODE_RE.findall(text)
+    if not blocks:
+        return text if text.strip() else None
+    py = [code for lang, code in blocks if lang.lower() in ("python", "py", "python3")]
+    return (py or [code for _, code in blocks])[-1]
+
+
+Rule = Callable[[str], "str | None"]
+RULES: dict[str, Rule] = {
+    "tag": answer_tag,
+    "boxed": boxed,
+    "final_line": final_answer_line,
+    "last_number": last_number,
+    "code": code_block,
+}
+
+
+@dataclass(frozen=True)
+class Extraction:
+    """Ordered rules for one dataset; the first rule that finds something wins.
+    A tag whose content holds a ``\\boxed{}`` yields the boxed part."""
+
+    rules: tuple[str, ...] = ("tag", "boxed", "final_line", "last_number")
+
+    def __call__(self, text: str | None) -> str | None:
+        return extract(text, self.rules)
+
+
+def extract(text: str | None, rules: Sequence[str] = ("tag", "boxed", "final_line", "last_number")) -> str | None:
+    """Apply ``rules`` in order.
+
+    >>> extract("thinking... <answer>The answer is \\\\boxed{7}</answer>")
+    '7'
+    >>> extract("I think it's 12 apples.")
+    '12'
+    >>> extract("I think it's 12 apples.", ["tag", "boxed"]) is None
+    True
+    """
+    if not text:
+        return None
+    for name in rules:
+        try:
+            rule = RULES[name]
+        except KeyError:
+            raise ValueError(f"unknown extraction rule {name!r}; known: {', '.join(RULES)}") from None
+        found = rule(text)
+        if found is not None and found != "":
+            if name == "tag":
+                inner = boxed(found)
+                if inner:
+                    return inner
+            return found
+    return None
+
+
+# Per-kind defaults (datasets may override through Question.metadata["extract"]).
+DEFAULT_RULES: dict[str, tuple[str, ...]] = {
+    "math": ("tag", "boxed", "final_line", "last_number"),
+    "numeric": ("tag", "boxed", "final_line", "last_number"),
+    "mcq": ("tag", "boxed", "final_line"),
+    "code": ("code",),
+    "free": ("tag", "boxed", "final_line"),
+}

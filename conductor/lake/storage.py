@@ -1,0 +1,82 @@
+"""Where the lake lives: a local directory or an ``s3://`` URL, opened through fsspec.
+
+Endpoints and credentials come only from the environment (``AWS_*``) or from the
+caller's ``storage_options``; nothing about them is ever written into the lake.
+Polars reads S3 with its own client, so the same options are translated for it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import fsspec
+
+_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+@-]*$")
+
+
+def check_key(name: str, value: str) -> str:
+    """A partition value or shard id must be a plain path segment (no '/', '=', spaces).
+
+    >>> check_key("run_id", "grpo-2026-11-21.a")
+    'grpo-2026-11-21.a'
+    >>> check_key("run_id", "a/b")
+    Traceback (most recent call last):
+    ...
+    ValueError: run_id 'a/b' is not a plain name (letters, digits, . _ + @ -)
+    """
+    if not isinstance(value, str) or not _SAFE.match(value):
+        raise ValueError(f"{name} {value!r} is not a plain name (letters, digits, . _ + @ -)")
+    return value
+
+
+@dataclass
+class LakeLocation:
+    """An opened lake root: the fsspec filesystem, the root path inside it, and how to address files."""
+
+    url: str
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
+        self.root = root.rstrip("/")
+        self.protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        self.is_local = self.protocol in ("file", "local")
+
+    def path(self, *parts: str) -> str:
+        return "/".join([self.root, *parts])
+
+    def uri(self, path: str) -> str:
+        """A path the fs returned -> a URL other engines (polars, duckdb) can open."""
+        if self.is_local:
+            return path
+        return path if "://" in path else f"{self.protocol}://{path}"
+
+    def polars_options(self) -> dict[str, str] | None:
+        """Storage options for polars' native object-store reader (None for local files)."""
+        if self.is_local:
+            return None
+        if self.protocol not in ("s3", "s3a"):
+            return None
+        so = self.storage_options
+        ck = so.get("client_kwargs") or {}
+        endpoint = so.get("endpoint_url") or ck.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3") \
+            or os.environ.get("AWS_ENDPOINT_URL")
+        opts = {
+            "aws_access_key_id": so.get("key") or os.environ.get("AWS_ACCESS_KEY_ID"),
+            "aws_secret_access_key": so.get("secret") or os.environ.get("AWS_SECRET_ACCESS_KEY"),
+            "aws_session_token": so.get("token") or os.environ.get("AWS_SESSION_TOKEN"),
+            "aws_region": ck.get("region_name") or os.environ.get("AWS_REGION")
+            or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+            "aws_endpoint_url": endpoint,
+            "aws_allow_http": "true" if endpoint and endpoint.startswith("http://") else None,
+        }
+        return {k: v for k, v in opts.items() if v}
+
+
+def open_location(lake_root: "str | LakeLocation", storage_options: dict[str, Any] | None = None) -> LakeLocation:
+    if isinstance(lake_root, LakeLocation):
+        return lake_root
+    return LakeLocation(str(lake_root), dict(storage_options or {}))

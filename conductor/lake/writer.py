@@ -1,0 +1,183 @@
+"""Atomic, idempotent shard writes into the Hive-partitioned lake.
+
+Each shard becomes exactly one file per table with a deterministic name,
+``<table>/kind=K/date=D/run_id=R/shard-<id>.parquet``, so rerunning a shard
+replaces it instead of adding rows. Local files are written to a hidden temp name
+in the same directory, fsynced and renamed (atomic on POSIX); on S3 the object is
+PUT directly (an object becomes visible only when its upload completes). Readers
+only list ``*.parquet`` files not starting with '.', so they never see a partial
+file. The calls file is written before the trajectories file, which acts as the
+shard's commit marker for ``shard_done``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from conductor.lake.schema import PARTITION_KEYS, call_rows, file_schema, trajectory_row
+from conductor.lake.storage import LakeLocation, check_key, open_location
+from conductor.trajectory import Trajectory
+
+log = logging.getLogger("conductor.lake")
+
+PARTITIONING = ds.partitioning(pa.schema([(k, pa.string()) for k in PARTITION_KEYS]), flavor="hive")
+STALE_TEMP_S = 3600.0   # temp files older than this are leftovers of killed writers
+
+
+def shard_file_name(shard_id: str) -> str:
+    """Deterministic file name of a shard (the same shard always lands on the same name).
+
+    >>> shard_file_name("00017")
+    'shard-00017.parquet'
+    """
+    return f"shard-{check_key('shard_id', shard_id)}.parquet"
+
+
+def partition_dir(kind: str, date: str, run_id: str) -> str:
+    """Hive directory for one (kind, date, run_id), formatted by pyarrow's partitioning.
+
+    >>> partition_dir("rollout", "2026-11-21", "r1")
+    'kind=rollout/date=2026-11-21/run_id=r1'
+    """
+    for name, value in zip(PARTITION_KEYS, (kind, date, run_id)):
+        check_key(name, value)
+    expr = (pc.field("kind") == kind) & (pc.field("date") == date) & (pc.field("run_id") == run_id)
+    return PARTITIONING.format(expr)[0]
+
+
+def _to_table(rows: list[dict[str, Any]], table: str) -> pa.Table:
+    schema = file_schema(table)
+    try:
+        return pa.Table.from_pylist(rows, schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as e:
+        bad = _first_bad_field(rows, schema)
+        raise ValueError(f"cannot store {table} row: {bad or e}") from None
+
+
+def _first_bad_field(rows: list[dict[str, Any]], schema: pa.Schema) -> str | None:
+    """Name the offending row/column so a bad record fails with a useful one-liner."""
+    for i, row in enumerate(rows):
+        for f in schema:
+            try:
+                pa.array([row.get(f.name)], type=f.type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as e:
+                ident = row.get("trajectory_id", i)
+                return f"trajectory {ident}: column {f.name}: {str(e).splitlines()[0]}"
+    return None
+
+
+def _write_file(loc: LakeLocation, table: pa.Table, final: str) -> None:
+    directory = final.rsplit("/", 1)[0]
+    loc.fs.makedirs(directory, exist_ok=True)
+    if not loc.is_local:
+        # One S3 object; it becomes visible only when the (multipart) upload completes.
+        with loc.fs.open(final, "wb") as f:
+            pq.write_table(table, f, compression="zstd")
+        return
+    name = final.rsplit("/", 1)[1]
+    tmp = f"{directory}/.{name}.{uuid.uuid4().hex}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            pq.write_table(table, f, compression="zstd")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(directory)
+    _remove_stale_temps(directory, name)
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove_stale_temps(directory: str, name: str) -> None:
+    now = time.time()
+    for entry in os.scandir(directory):
+        if entry.name.startswith(f".{name}.") and entry.name.endswith(".tmp"):
+            try:
+                if now - entry.stat().st_mtime > STALE_TEMP_S:
+                    os.unlink(entry.path)
+            except OSError:
+                pass
+
+
+def write_shard(lake_root: str | LakeLocation, trajectories: Iterable[Trajectory], shard_id: str,
+                *, storage_options: dict[str, Any] | None = None) -> list[str]:
+    """Write one shard (replacing any earlier write of it); return the paths written.
+
+    Trajectories without a ``date`` get today's UTC date. A shard that spans
+    several (kind, date, run_id) partitions writes one file per partition.
+    """
+    loc = open_location(lake_root, storage_options)
+    name = shard_file_name(shard_id)
+    groups: dict[tuple[str, str, str], list[Trajectory]] = {}
+    today = _dt.datetime.now(_dt.timezone.utc).date().isoformat()
+    for t in trajectories:
+        if not t.date:
+            t.date = today
+        groups.setdefault((t.kind, t.date, t.run_id), []).append(t)
+    if not groups:
+        raise ValueError(f"shard {shard_id}: no trajectories to write")
+    written: list[str] = []
+    for (kind, date, run_id), items in groups.items():
+        part = partition_dir(kind, date, run_id)
+        traj = _to_table([_drop_keys(trajectory_row(t)) for t in items], "trajectories")
+        calls = _to_table([_drop_keys(r) for t in items for r in call_rows(t)], "calls")
+        # calls first: the trajectories file is the shard's commit marker
+        for table_name, table in (("calls", calls), ("trajectories", traj)):
+            final = loc.path(table_name, part, name)
+            _write_file(loc, table, final)
+            written.append(final)
+        _remove_other_dates(loc, kind, run_id, date, name)
+        log.info("lake: wrote shard %s (%d trajectories) to %s", shard_id, len(items), loc.uri(loc.path(part)))
+    return written
+
+
+def _drop_keys(row: dict[str, Any]) -> dict[str, Any]:
+    for k in PARTITION_KEYS:
+        row.pop(k, None)
+    return row
+
+
+def _remove_other_dates(loc: LakeLocation, kind: str, run_id: str, keep_date: str, name: str) -> None:
+    """A rerun on another day must replace, not duplicate, the shard written under the old date."""
+    for table_name in ("trajectories", "calls"):
+        for path in loc.fs.glob(loc.path(table_name, f"kind={kind}", "date=*", f"run_id={run_id}", name)):
+            if f"/date={keep_date}/" not in path:
+                loc.fs.rm(path)
+                log.info("lake: removed superseded %s", loc.uri(path))
+
+
+def shard_done(lake_root: str | LakeLocation, kind: str, run_id: str, shard_id: str,
+               *, storage_options: dict[str, Any] | None = None) -> bool:
+    """True when the shard's trajectories file (its commit marker) exists, so a flow can skip it."""
+    loc = open_location(lake_root, storage_options)
+    pattern = loc.path("trajectories", f"kind={check_key('kind', kind)}", "date=*",
+                       f"run_id={check_key('run_id', run_id)}", shard_file_name(shard_id))
+    return bool(loc.fs.glob(pattern))

@@ -1,0 +1,390 @@
+"""Run untrusted generated code in a separate, locked-down process.
+
+Why each guard exists (see docs/grading.md for what is and is not enforced):
+- ``unshare --net --pid --mount``: no network (a fresh namespace with only a
+  downed loopback), a private PID namespace (when the run ends, every process it
+  forked dies with it, which contains fork bombs), and a private mount table in
+  which the home directory, the project, the shared data, caches and every
+  world-writable directory (/tmp, /var/tmp, /dev/shm, /run) are covered by empty
+  root-owned tmpfs, with only the interpreter and the run's own empty working
+  directory mapped back in.
+- A fresh unprivileged uid per run: root ignores RLIMIT_NPROC and file
+  permissions, an unused uid obeys both, and two runs cannot touch each other.
+- RLIMIT_CPU / AS / FSIZE / NPROC / NOFILE / CORE, plus a wall-clock timeout
+  that kills the whole process group (and, with it, the PID namespace).
+- A clean environment and ``python -I`` (no PYTHONPATH, no user site, no cwd on sys.path).
+- A process-wide semaphore so many runs share the machine (default: one per core).
+
+Where namespaces are unavailable (not root, no ``unshare``) the run falls back to
+rlimits + a Python audit hook that refuses sockets, and ``SandboxResult.isolation``
+says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+Status = Literal["ok", "error", "timeout", "memory", "output_limit", "infra"]
+INFRA_EXIT = 125
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-run resource limits."""
+
+    wall_s: float = 10.0
+    cpu_s: int | None = None          # default: ceil(wall_s) + 1
+    memory_mb: int = 1024             # RLIMIT_AS (address space)
+    file_mb: int = 16                 # RLIMIT_FSIZE: largest file (also caps stdout/stderr)
+    nproc: int = 64                   # processes of the run's uid
+    nofile: int = 256
+    output_chars: int = 1_000_000     # how much stdout/stderr is read back
+
+    @property
+    def cpu(self) -> int:
+        return self.cpu_s if self.cpu_s is not None else int(self.wall_s) + 2
+
+
+@dataclass
+class SandboxResult:
+    status: Status
+    returncode: int | None
+    stdout: str
+    stderr: str
+    wall_s: float
+    isolation: str = ""
+    detail: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+# --------------------------------------------------------------------------- the in-namespace launcher
+
+# Runs as root inside the new namespaces (PID 1 there): hides paths, maps the
+# interpreter and the work dir back, then forks the user program under a fresh
+# uid with rlimits, waits for it and reports its wait status on fd ``status_fd``.
+_LAUNCHER = r'''
+import ctypes, json, os, resource, sys
+spec = json.loads(sys.argv[1])
+status_fd = spec["status_fd"]
+os.set_inheritable(status_fd, False)
+def report(obj):
+    os.write(status_fd, json.dumps(obj).encode())
+try:
+    if spec["namespaces"]:
+        libc = ctypes.CDLL(None, use_errno=True)
+        MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+        def mount(src, dst, fstype, flags, data):
+            if libc.mount(src and src.encode(), dst.encode(), fstype and fstype.encode(), flags, data and data.encode()) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, "mount %s: %s" % (dst, os.strerror(err)))
+        mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+        keep = {p: os.open(p, os.O_PATH) for p in spec["expose_ro"] + [spec["workdir"]]}
+        for path in spec["hide"]:
+            if os.path.isdir(path) and not os.path.islink(path):
+                mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=1m")
+        for path, fd in keep.items():
+            if not any(path == h or path.startswith(h.rstrip("/") + "/") for h in spec["hide"]):
+                continue
+            os.makedirs(path, mode=0o755, exist_ok=True)
+            mount("/proc/self/fd/%d" % fd, path, None, MS_BIND | MS_REC, None)
+            if path != spec["workdir"]:
+                mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
+        for fd in keep.values():
+            os.close(fd)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            lim = spec["limits"]
+            for name, value in lim.items():
+                soft, hard = value
+                resource.setrlimit(getattr(resource, name), (soft, hard))
+            uid = spec["uid"]
+            if uid is not None:
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+            os.chdir(spec["workdir"])
+            os.execve(spec["argv"][0], spec["argv"], spec["env"])
+        except BaseException as exc:
+            report({"infra": "child setup: %r" % (exc,)})
+            os._exit(125)
+    _, status = os.waitpid(pid, 0)
+    report({"status": status})
+    os._exit(0)
+except BaseException as exc:
+    report({"infra": "launcher: %r" % (exc,)})
+    os._exit(125)
+'''
+
+# Prepended in fallback mode (no network namespace): refuse sockets from Python.
+_NO_NET_WRAPPER = r'''
+import sys, runpy
+def _refuse(event, args):
+    if event in ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo", "socket.gethostbyname"):
+        raise PermissionError("network access is disabled in the sandbox")
+sys.addaudithook(_refuse)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+
+
+@lru_cache(maxsize=1)
+def namespaces_available() -> bool:
+    """True when we are root and ``unshare`` can create net+pid+mount namespaces here."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    try:
+        probe = subprocess.run(["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc",
+                                "true"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+def _default_hidden() -> list[str]:
+    from conductor.datasets import cache_dir, repo_root, shared_data_dir
+
+    system = {"/", "/usr", "/bin", "/lib", "/lib64", "/etc", "/proc", "/sys", "/dev", "/sbin"}
+    paths = [Path.home(), repo_root(), repo_root().parent, shared_data_dir(), cache_dir(),
+             Path(os.environ.get("CONDUCTOR_HOME", "/nonexistent")), Path("/home"), Path("/mnt"), Path("/media"),
+             Path("/srv"), Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"), Path("/run"), Path("/var/run"),
+             Path(tempfile.gettempdir())]
+    out: list[str] = []
+    for p in paths:
+        try:
+            rp = str(p.resolve())
+        except OSError:
+            continue
+        if rp not in system and os.path.isdir(rp) and rp not in out:
+            out.append(rp)
+    # a hidden path that contains another hidden path must come first (outer mount, then inner)
+    return sorted(out, key=lambda s: s.count("/"))
+
+
+def _python_roots() -> list[str]:
+    """Directories the interpreter needs read access to (prefix, libs, site-packages)."""
+    roots = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
+             os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
+    return sorted(roots)
+
+
+class Sandbox:
+    """A factory of sandboxed runs sharing one semaphore."""
+
+    def __init__(self, limits: Limits | None = None, *, max_parallel: int | None = None,
+                 python: str | None = None, hide: Sequence[str] | None = None,
+                 use_namespaces: bool | None = None, allow_site_packages: bool = True) -> None:
+        self.limits = limits or Limits()
+        self.max_parallel = max_parallel or os.cpu_count() or 1
+        self._sem = threading.BoundedSemaphore(self.max_parallel)
+        self.python = os.path.realpath(python or sys.executable)
+        self.hide = list(hide) if hide is not None else _default_hidden()
+        self.use_namespaces = namespaces_available() if use_namespaces is None else use_namespaces
+        self.allow_site_packages = allow_site_packages
+        self.root = os.geteuid() == 0
+
+    @property
+    def isolation(self) -> str:
+        if self.use_namespaces:
+            return "namespaces(net,pid,mount)+uid+rlimits"
+        return ("uid+" if self.root else "") + "rlimits+audit-hook(no sockets)"
+
+    # -- one run ---------------------------------------------------------
+    def run(self, code: str, *, stdin: str = "", limits: Limits | None = None,
+            files: dict[str, str] | None = None, env: dict[str, str] | None = None) -> SandboxResult:
+        """Run ``code`` as ``main.py`` in a fresh empty directory; blocks for a free slot."""
+        with self._sem:
+            return self._run(code, stdin, limits or self.limits, files or {}, env or {})
+
+    def run_many(self, programs: Iterable[tuple[str, str]], *, limits: Limits | None = None) -> list[SandboxResult]:
+        """(code, stdin) pairs run in parallel, at most ``max_parallel`` at a time, results in order."""
+        items = list(programs)
+        if not items:
+            return []
+        with ThreadPoolExecutor(max_workers=min(self.max_parallel, len(items))) as ex:
+            return list(ex.map(lambda cs: self.run(cs[0], stdin=cs[1], limits=limits), items))
+
+    def _run(self, code: str, stdin: str, limits: Limits, files: dict[str, str],
+             extra_env: dict[str, str]) -> SandboxResult:
+        start = time.monotonic()
+        uid = random.randint(200_000, 2_000_000_000) if self.root else None
+        private = tempfile.mkdtemp(prefix="conductor-sbx-")           # root-only: status, stdin, stdout, stderr
+        try:
+            workdir = os.path.join(private, "work")
+            os.mkdir(workdir, 0o700)
+            with open(os.path.join(workdir, "main.py"), "w") as fh:
+                fh.write(code)
+            for name, content in files.items():
+                target = os.path.realpath(os.path.join(workdir, name))
+                if not target.startswith(workdir + os.sep):
+                    raise ValueError(f"sandbox file {name!r} escapes the work dir")
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with open(target, "w") as fh:
+                    fh.write(content)
+            if uid is not None:
+                for dirpath, _dirs, names in os.walk(workdir):
+                    os.chown(dirpath, uid, uid)
+                    for n in names:
+                        os.chown(os.path.join(dirpath, n), uid, uid)
+                os.chmod(private, 0o711)   # the uid may traverse into work/, nothing else
+            env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+                   "HOME": workdir, "TMPDIR": workdir, "PYTHONDONTWRITEBYTECODE": "1",
+                   "PYTHONIOENCODING": "utf-8", **extra_env}
+            py_flags = ["-I"] + ([] if self.allow_site_packages else ["-S"])
+            if self.use_namespaces:
+                argv = [self.python, *py_flags, "main.py"]
+            else:
+                argv = [self.python, *py_flags, "-c", _NO_NET_WRAPPER, "main.py"]
+            mb = 1024 * 1024
+            rl = {"RLIMIT_CPU": [limits.cpu, limits.cpu + 1],
+                  "RLIMIT_AS": [limits.memory_mb * mb] * 2,
+                  "RLIMIT_FSIZE": [limits.file_mb * mb] * 2,
+                  "RLIMIT_NPROC": [limits.nproc] * 2,
+                  "RLIMIT_NOFILE": [limits.nofile] * 2,
+                  "RLIMIT_CORE": [0, 0]}
+            status_r, status_w = os.pipe()
+            spec = {"namespaces": self.use_namespaces, "workdir": workdir, "hide": self.hide,
+                    "expose_ro": _python_roots(), "uid": uid, "limits": rl, "argv": argv, "env": env,
+                    "status_fd": status_w}
+            launcher = [self.python, "-I", "-S", "-c", _LAUNCHER, json.dumps(spec)]
+            if self.use_namespaces:
+                launcher = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc",
+                            "--propagation", "private", *launcher]
+            in_path, out_path, err_path = (os.path.join(private, n) for n in ("stdin", "stdout", "stderr"))
+            with open(in_path, "w") as fh:
+                fh.write(stdin)
+            timed_out = False
+            with open(in_path, "rb") as fin, open(out_path, "wb") as fout, open(err_path, "wb") as ferr:
+                try:
+                    proc = subprocess.Popen(launcher, stdin=fin, stdout=fout, stderr=ferr, cwd="/",
+                                            env={"PATH": env["PATH"], "LANG": "C.UTF-8"},
+                                            pass_fds=(status_w,), start_new_session=True)
+                except OSError as exc:
+                    os.close(status_r)
+                    os.close(status_w)
+                    return SandboxResult("infra", None, "", "", time.monotonic() - start, self.isolation,
+                                         f"cannot start sandbox: {exc}")
+                os.close(status_w)
+                try:
+                    proc.wait(timeout=limits.wall_s)
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                finally:
+                    _kill_group(proc.pid)
+                    proc.wait()
+                    if uid is not None and not self.use_namespaces:
+                        _kill_uid(uid)
+            with os.fdopen(status_r, "rb") as fh:
+                raw = fh.read().decode(errors="replace")
+            stdout = _read_text(out_path, limits.output_chars)
+            stderr = _read_text(err_path, limits.output_chars)
+            wall = time.monotonic() - start
+            return _classify(raw, timed_out, proc.returncode, stdout, stderr, wall, self.isolation)
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+
+
+def _read_text(path: str, limit: int) -> str:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(limit).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill_uid(uid: int) -> None:
+    """Fallback-mode sweep: kill every process still running as the run's uid
+    (catches children that left the process group with setsid)."""
+    for _ in range(3):
+        found = False
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    found = True
+                    os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                continue
+        if not found:
+            return
+        time.sleep(0.05)
+
+
+def _classify(raw_status: str, timed_out: bool, launcher_rc: int | None, stdout: str, stderr: str,
+              wall: float, isolation: str) -> SandboxResult:
+    def result(status: Status, rc: int | None, detail: str | None = None) -> SandboxResult:
+        return SandboxResult(status, rc, stdout, stderr, wall, isolation, detail)
+
+    if timed_out:
+        return result("timeout", None, "wall-clock timeout")
+    try:
+        info = json.loads(raw_status) if raw_status else {}
+    except json.JSONDecodeError:
+        info = {}
+    if "infra" in info:
+        return result("infra", None, str(info["infra"]))
+    if "status" not in info:
+        return result("infra", launcher_rc, f"sandbox launcher exited {launcher_rc} without a status")
+    st = int(info["status"])
+    if os.WIFSIGNALED(st):
+        sig = os.WTERMSIG(st)
+        if sig == signal.SIGXCPU:
+            return result("timeout", -sig, "CPU time limit")
+        if sig == signal.SIGXFSZ:
+            return result("output_limit", -sig, "file size limit")
+        if sig == signal.SIGKILL:
+            return result("timeout", -sig, "killed (CPU hard limit)")
+        return result("error", -sig, f"killed by signal {signal.Signals(sig).name}")
+    rc = os.WEXITSTATUS(st)
+    if rc == 0:
+        return result("ok", 0)
+    if "MemoryError" in stderr[-2000:]:
+        return result("memory", rc, "memory limit")
+    return result("error", rc)
+
+
+_DEFAULT: Sandbox | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_sandbox() -> Sandbox:
+    """The process-wide sandbox (one semaphore for everything that runs code)."""
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        if _DEFAULT is None:
+            _DEFAULT = Sandbox()
+        return _DEFAULT
+
+
+def run_code(code: str, *, stdin: str = "", limits: Limits | None = None) -> SandboxResult:
+    """Run ``code`` in the process-wide sandbox."""
+    return default_sandbox().run(code, stdin=stdin, limits=limits)
+
+
+__all__ = ["Limits", "Sandbox", "SandboxResult", "default_sandbox", "namespaces_available", "run_code"]
