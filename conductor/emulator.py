@@ -183,7 +183,8 @@ def _anthropic_req(body: dict[str, Any], headers: Any) -> _Req:
     texts = [flat(m.get("content")) for m in body.get("messages") or []]
     thinking = (body.get("thinking") or {}).get("type") == "enabled"
     return _Req("anthropic", str(body.get("model", "")), "\n".join(texts), flat(body.get("system") or ""),
-                body.get("max_tokens"), thinking, headers.get("x-api-key"), "")
+                body.get("max_tokens"), thinking,
+                headers.get("x-api-key") or headers.get("Authorization", "").removeprefix("Bearer ") or None, "")
 
 
 def _gemini_req(model: str, body: dict[str, Any], headers: Any) -> _Req:

@@ -191,7 +191,7 @@ class Sandbox:
 
     def __init__(self, limits: Limits | None = None, *, max_parallel: int | None = None,
                  python: str | None = None, hide: Sequence[str] | None = None,
-                 use_namespaces: bool | None = None, allow_site_packages: bool = True) -> None:
+                 use_namespaces: bool | None = None, allow_site_packages: bool = False) -> None:
         self.limits = limits or Limits()
         self.max_parallel = max_parallel or os.cpu_count() or 1
         self._sem = threading.BoundedSemaphore(self.max_parallel)

@@ -50,16 +50,14 @@ def test_pool_validate_and_sample():
 
 
 def _all_commands():
-    import click
     import typer.main
 
     from conductor.cli import app
 
     def walk(cmd, path):
         yield path
-        if isinstance(cmd, click.Group):
-            for name, sub in cmd.commands.items():
-                yield from walk(sub, path + [name])
+        for name, sub in (getattr(cmd, "commands", None) or {}).items():
+            yield from walk(sub, path + [name])
 
     return list(walk(typer.main.get_command(app), []))
 

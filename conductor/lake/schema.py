@@ -190,8 +190,17 @@ def _step_from_row(row: dict[str, Any]) -> dict[str, Any]:
             "access": "all" if row["access_all"] else list(row["access"] or [])}
 
 
+_ROUND_NAMES = tuple(f.name for f in dataclasses.fields(Round))
+_CALL_NAMES = tuple(f.name for f in dataclasses.fields(CallRecord))
+
+
+def _shallow(obj: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """Like dataclasses.asdict without its deep copy (token-id lists are large; arrow only reads them)."""
+    return {n: getattr(obj, n) for n in names}
+
+
 def _round_row(r: Round) -> dict[str, Any]:
-    d = dataclasses.asdict(r)
+    d = _shallow(r, _ROUND_NAMES)
     d["steps"] = [_step_row(s) for s in r.steps]
     return d
 
@@ -224,7 +233,7 @@ def call_rows(t: Trajectory) -> list[dict[str, Any]]:
     """The calls-table rows for one record, in execution order (``call_index``)."""
     keys = {"kind": t.kind, "date": t.date, "run_id": t.run_id, "schema_version": SCHEMA_VERSION,
             **{k: getattr(t, k) for k in CALL_KEYS}}
-    return [{**keys, "call_index": i, **dataclasses.asdict(c)} for i, c in enumerate(t.calls)]
+    return [{**keys, "call_index": i, **_shallow(c, _CALL_NAMES)} for i, c in enumerate(t.calls)]
 
 
 def _kwargs(cls: type, d: dict[str, Any], skip: tuple[str, ...] = ()) -> dict[str, Any]:
