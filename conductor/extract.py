@@ -123,22 +123,29 @@ def choice_letter(text: str, n_choices: int = 4, choices: Sequence[str] | None =
     """
     if n_choices < 1:
         return None
-    last = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[min(n_choices, 26) - 1]
-    stripped = text.strip().strip("*$ ").rstrip(".")
-    if len(stripped) == 1 and stripped.upper() <= last and stripped.isalpha():
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    last = letters[min(n_choices, 26) - 1]
+    stripped = text.strip().strip("*$ ").rstrip(".").strip()
+    if len(stripped) == 1 and stripped.isalpha() and stripped.upper() <= last:
         return stripped.upper()
-    for pattern in _LETTER_PATTERNS:
+    opts = [" ".join(str(c).lower().split()).rstrip(".") for c in choices] if choices else []
+    flat = " ".join(stripped.lower().split())
+    if flat in opts:                      # the answer is exactly one option's text
+        return letters[opts.index(flat)]
+    for k, pattern in enumerate(_LETTER_PATTERNS):
+        if k == len(_LETTER_PATTERNS) - 1 and len(stripped.split()) > 3:
+            break                         # a bare capital inside a sentence is not a choice
         found = re.findall(pattern.format(last=last), text, flags=re.MULTILINE)
         if found:
             return found[-1].upper()
-    if choices:
-        low = text.lower()
-        hits = [(low.rfind(str(c).strip().lower()), i) for i, c in enumerate(choices) if str(c).strip()]
+    if opts:
+        low = flat
+        hits = [(low.rfind(o), i) for i, o in enumerate(opts) if o]
         hits = [(pos, i) for pos, i in hits if pos >= 0]
         if hits:
-            # prefer the option that appears last; among ties the longest text
-            pos, i = max(hits, key=lambda h: (h[0] + len(str(choices[h[1]])), len(str(choices[h[1]]))))
-            return "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[i]
+            # prefer the option that ends last; among ties the longest text
+            pos, i = max(hits, key=lambda h: (h[0] + len(opts[h[1]]), len(opts[h[1]])))
+            return letters[i]
     return None
 
 

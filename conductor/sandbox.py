@@ -86,7 +86,7 @@ spec = json.loads(sys.argv[1])
 status_fd = spec["status_fd"]
 os.set_inheritable(status_fd, False)
 def report(obj):
-    os.write(status_fd, json.dumps(obj).encode())
+    os.write(status_fd, json.dumps(obj).encode() + b"\n")
 try:
     if spec["namespaces"]:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -179,6 +179,20 @@ def _default_hidden() -> list[str]:
     return sorted(out, key=lambda s: s.count("/"))
 
 
+def _world_reachable(path: str) -> bool:
+    """True when every directory above ``path`` is searchable by any user."""
+    parent = os.path.dirname(path)
+    while True:
+        try:
+            if not os.stat(parent).st_mode & 0o001:
+                return False
+        except OSError:
+            return False
+        if parent == "/":
+            return True
+        parent = os.path.dirname(parent)
+
+
 def _python_roots() -> list[str]:
     """Directories the interpreter needs read access to (prefix, libs, site-packages)."""
     roots = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
@@ -199,7 +213,9 @@ class Sandbox:
         self.hide = list(hide) if hide is not None else _default_hidden()
         self.use_namespaces = namespaces_available() if use_namespaces is None else use_namespaces
         self.allow_site_packages = allow_site_packages
-        self.root = os.geteuid() == 0
+        # An unprivileged uid needs to reach the interpreter: without a mount namespace to map it
+        # back in, that only works when every directory above it is world-searchable.
+        self.root = os.geteuid() == 0 and (self.use_namespaces or _world_reachable(self.python))
 
     @property
     def isolation(self) -> str:
@@ -343,15 +359,19 @@ def _classify(raw_status: str, timed_out: bool, launcher_rc: int | None, stdout:
 
     if timed_out:
         return result("timeout", None, "wall-clock timeout")
-    try:
-        info = json.loads(raw_status) if raw_status else {}
-    except json.JSONDecodeError:
-        info = {}
+    info: dict[str, object] = {}
+    for line in raw_status.splitlines():
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and "infra" not in info:
+            info.update(obj)
     if "infra" in info:
         return result("infra", None, str(info["infra"]))
     if "status" not in info:
         return result("infra", launcher_rc, f"sandbox launcher exited {launcher_rc} without a status")
-    st = int(info["status"])
+    st = int(info["status"])  # type: ignore[call-overload]
     if os.WIFSIGNALED(st):
         sig = os.WTERMSIG(st)
         if sig == signal.SIGXCPU:

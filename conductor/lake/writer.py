@@ -131,7 +131,8 @@ def write_shard(lake_root: str | LakeLocation, trajectories: Iterable[Trajectory
                 *, storage_options: dict[str, Any] | None = None) -> list[str]:
     """Write one shard (replacing any earlier write of it); return the paths written.
 
-    Trajectories without a ``date`` get today's UTC date. A shard that spans
+    Trajectories without a ``date`` get today's UTC date and without a ``shard`` this
+    shard's id (both are set on the records passed in). A shard that spans
     several (kind, date, run_id) partitions writes one file per partition.
     """
     loc = open_location(lake_root, storage_options)
@@ -141,6 +142,8 @@ def write_shard(lake_root: str | LakeLocation, trajectories: Iterable[Trajectory
     for t in trajectories:
         if not t.date:
             t.date = today
+        if not t.shard:
+            t.shard = shard_id
         groups.setdefault((t.kind, t.date, t.run_id), []).append(t)
     if not groups:
         raise ValueError(f"shard {shard_id}: no trajectories to write")

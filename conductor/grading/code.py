@@ -1,0 +1,100 @@
+"""Code answers, executed only inside the sandbox.
+
+Two test styles: HumanEval (``tests`` is Python defining ``check(candidate)``,
+called on ``entry_point``) and LiveCodeBench stdin/stdout (``tests`` is a list of
+``{"input": ..., "output": ...}``; every case must print the expected output).
+A run that times out, crashes or exceeds a limit is a wrong answer; a sandbox
+that could not start is an infrastructure error.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from conductor.extract import code_block
+from conductor.grading.base import GradeResult, as_question, register_grader
+from conductor.questions import Question
+from conductor.sandbox import Limits, Sandbox, SandboxResult, default_sandbox
+
+
+def humaneval_program(code: str, tests: str, entry_point: str | None, prompt: str | None = None) -> str:
+    """The script run for a function-style item: solution, the tests, then ``check(entry_point)``.
+    If the solution is only a body (no ``def entry_point``), the function prompt is put in front.
+
+    >>> print(humaneval_program("def f(x):\\n    return x\\n", "def check(c):\\n    assert c(1) == 1\\n", "f"))
+    def f(x):
+        return x
+    <BLANKLINE>
+    <BLANKLINE>
+    def check(c):
+        assert c(1) == 1
+    <BLANKLINE>
+    <BLANKLINE>
+    check(f)
+    <BLANKLINE>
+    """
+    if entry_point and prompt and not re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", code, re.M):
+        code = prompt + code
+    program = f"{code.rstrip()}\n\n\n{tests.rstrip()}\n"
+    if entry_point:
+        program += f"\n\ncheck({entry_point})\n"
+    return program
+
+
+def outputs_match(got: str, expected: str) -> bool:
+    """Line-wise comparison ignoring trailing spaces and blank lines at the ends.
+
+    >>> outputs_match("1 2 \\n3\\n\\n", "1 2\\n3"), outputs_match("1\\n", "2\\n")
+    (True, False)
+    """
+    def norm(s: str) -> list[str]:
+        return [ln.rstrip() for ln in s.strip().splitlines()]
+    return norm(got) == norm(expected)
+
+
+def _failure(result: SandboxResult) -> str:
+    tail = result.stderr.strip().splitlines()[-1:] if result.stderr.strip() else []
+    return f"{result.status}" + (f": {tail[0][:200]}" if tail else "")
+
+
+class CodeGrader:
+    kind = "code"
+
+    def __init__(self, sandbox: Sandbox | None = None, limits: Limits | None = None) -> None:
+        self._sandbox = sandbox
+        self.limits = limits
+
+    @property
+    def sandbox(self) -> Sandbox:
+        return self._sandbox or default_sandbox()
+
+    def grade(self, question_or_gold: "Question | str | Mapping[str, Any]", response: str | None) -> GradeResult:
+        q = as_question(question_or_gold, "code")
+        code = code_block(response or "")
+        if not code or not code.strip():
+            return GradeResult(False, None, None, "no code found")
+        tests = q.tests
+        if isinstance(tests, str) and tests.strip():
+            prompt = q.metadata.get("function_prompt")
+            result = self.sandbox.run(humaneval_program(code, tests, q.entry_point, prompt), limits=self.limits)
+            if result.status == "infra":
+                return GradeResult(False, code, f"sandbox: {result.detail}")
+            return GradeResult(result.ok, code, None, None if result.ok else _failure(result))
+        if isinstance(tests, list) and tests:
+            for n, case in enumerate(tests):
+                if not isinstance(case, Mapping) or "input" not in case or "output" not in case:
+                    return GradeResult(False, code, f"test {n}: expected {{'input', 'output'}}")
+                result = self.sandbox.run(code, stdin=str(case["input"]), limits=self.limits)
+                if result.status == "infra":
+                    return GradeResult(False, code, f"sandbox: {result.detail}")
+                if not result.ok:
+                    return GradeResult(False, code, None, f"test {n}: {_failure(result)}")
+                if not outputs_match(result.stdout, str(case["output"])):
+                    return GradeResult(False, code, None, f"test {n}: wrong output")
+            return GradeResult(True, code)
+        return GradeResult(False, code, "question has no tests")
+
+
+register_grader("code")(CodeGrader)

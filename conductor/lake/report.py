@@ -1,0 +1,176 @@
+"""A markdown report with PNG plots over the standard questions (reused by the nightly report).
+
+Plots: accuracy vs dollars per question, workflow length by domain, worker usage
+by domain and by step position, and the failure taxonomy. Rendered with
+matplotlib's Agg backend so it runs headless.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from conductor.lake.queries import standard_report
+from conductor.lake.reader import Lake, open_lake
+
+
+@dataclass
+class Report:
+    markdown: Path
+    plots: dict[str, Path] = field(default_factory=dict)
+    tables: dict[str, pl.DataFrame] = field(default_factory=dict)
+    skipped_files: list[str] = field(default_factory=list)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path, bottom: float = 0.0) -> Path:
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, path)
+    return path
+
+
+def plot_accuracy_vs_cost(df: pl.DataFrame, path: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    df = df.filter(pl.col("accuracy").is_not_null())
+    label_cols = [c for c in ("run_id", "checkpoint_id", "dataset") if c in df.columns]
+    for row in df.iter_rows(named=True):
+        ax.scatter(row["dollars_per_question"], row["accuracy"], s=20 + 4 * row["n_questions"] ** 0.5)
+        ax.annotate(" / ".join(str(row[c]) for c in label_cols), (row["dollars_per_question"], row["accuracy"]),
+                    fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("dollars per question (mean over samples)")
+    ax.set_ylabel("accuracy")
+    ax.set_title("Accuracy vs cost")
+    ax.grid(alpha=0.3)
+    out = _save(fig, path)
+    plt.close(fig)
+    return out
+
+
+def plot_workflow_length(df: pl.DataFrame, path: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    groups = df.get_column(df.columns[0]).unique().sort().to_list() if df.height else []
+    lengths = sorted(df.get_column("n_steps").unique().to_list()) if df.height else []
+    width = 0.8 / max(len(lengths), 1)
+    for j, n in enumerate(lengths):
+        sub = {r[df.columns[0]]: r["share"] for r in df.filter(pl.col("n_steps") == n).iter_rows(named=True)}
+        ax.bar([i + j * width for i in range(len(groups))], [sub.get(g, 0.0) for g in groups], width,
+               label=f"{n} step{'s' if n != 1 else ''}")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], groups)
+    ax.set_ylabel("share of parsed workflows")
+    ax.set_title("Workflow length by domain")
+    if lengths:
+        fig.legend(loc="lower center", ncol=len(lengths), fontsize=8)
+    out = _save(fig, path, bottom=0.08 if lengths else 0.0)
+    plt.close(fig)
+    return out
+
+
+def _stacked_shares(ax, df: pl.DataFrame, key: str, title: str) -> None:
+    groups = df.get_column(key).unique().sort().to_list() if df.height else []
+    workers = sorted(df.get_column("worker").unique().to_list()) if df.height else []
+    bottom = [0.0] * len(groups)
+    for w in workers:
+        sub = {r[key]: r["share"] for r in df.filter(pl.col("worker") == w).iter_rows(named=True)}
+        vals = [sub.get(g, 0.0) for g in groups]
+        ax.bar([str(g) for g in groups], vals, bottom=bottom, label=w)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_title(title)
+    ax.set_ylabel("share of calls")
+    ax.set_ylim(0, 1)
+
+
+def plot_worker_usage(by_domain: pl.DataFrame, by_step: pl.DataFrame, path: Path) -> Path:
+    plt = _pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.5))
+    _stacked_shares(a, by_domain, "domain", "Worker usage by domain")
+    _stacked_shares(b, by_step, "step", "Worker usage by step position")
+    handles, labels = a.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8)
+    out = _save(fig, path, bottom=0.1 if handles else 0.0)
+    plt.close(fig)
+    return out
+
+
+def plot_failures(df: pl.DataFrame, path: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, max(2.5, 0.35 * df.height + 1.2)))
+    labels = [f"{r['source']}: {r['cls']}" for r in df.iter_rows(named=True)]
+    ax.barh(labels, df.get_column("n").to_list() if df.height else [])
+    ax.invert_yaxis()
+    ax.set_xlabel("count")
+    ax.set_title("Failure taxonomy" + ("" if df.height else " (no failures)"))
+    out = _save(fig, path)
+    plt.close(fig)
+    return out
+
+
+def _md_table(df: pl.DataFrame, max_rows: int = 30) -> str:
+    if df.height == 0:
+        return "_(no rows)_\n"
+    with pl.Config(tbl_formatting="MARKDOWN", tbl_hide_column_data_types=True, tbl_hide_dataframe_shape=True,
+                   tbl_rows=max_rows, tbl_cols=-1, tbl_width_chars=400, fmt_str_lengths=60, float_precision=4):
+        return str(df.head(max_rows)) + ("\n" if df.height <= max_rows else f"\n\n_{df.height - max_rows} more rows_\n")
+
+
+_TITLES = {
+    "accuracy_by_dataset": "Accuracy and reward by dataset",
+    "accuracy_by_pool": "Accuracy by pool",
+    "accuracy_by_checkpoint": "Accuracy by checkpoint",
+    "accuracy_by_worker": "Accuracy of trajectories using each worker",
+    "cost_per_question": "Calls, tokens and dollars per question (most expensive first)",
+    "worker_usage_by_domain": "Worker usage by domain",
+    "worker_usage_by_step": "Worker usage by step position (root workflow)",
+    "workflow_length_by_domain": "Workflow length by domain",
+    "failure_taxonomy": "Failure taxonomy",
+    "accuracy_vs_cost": "Accuracy vs dollars per question",
+}
+
+
+def render_report(lake: "str | Lake", out_dir: str | Path, *, run_id: str | None = None,
+                  kind: str | None = None, title: str = "Trajectory lake report") -> Report:
+    """Write ``report.md`` and the PNGs into ``out_dir``; return their paths and the tables."""
+    lk = open_lake(lake)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tables = standard_report(lk, run_id=run_id, kind=kind)
+    plots = {
+        "accuracy_vs_cost": plot_accuracy_vs_cost(tables["accuracy_vs_cost"], out / "accuracy_vs_cost.png"),
+        "workflow_length": plot_workflow_length(tables["workflow_length_by_domain"], out / "workflow_length.png"),
+        "worker_usage": plot_worker_usage(tables["worker_usage_by_domain"], tables["worker_usage_by_step"],
+                                          out / "worker_usage.png"),
+        "failure_taxonomy": plot_failures(tables["failure_taxonomy"], out / "failure_taxonomy.png"),
+    }
+    scope = ", ".join(f"{k}={v}" for k, v in (("run_id", run_id), ("kind", kind)) if v) or "whole lake"
+    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [f"# {title}", "", f"Lake `{lk.url}`, scope: {scope}, generated {now}.", ""]
+    if lk.skipped:
+        lines += ["**Skipped corrupt files:** " + ", ".join(f"`{s}`" for s in lk.skipped), ""]
+    lines += ["![accuracy vs cost](accuracy_vs_cost.png)", "", "![workflow length](workflow_length.png)", "",
+              "![worker usage](worker_usage.png)", "", "![failures](failure_taxonomy.png)", ""]
+    for name, df in tables.items():
+        lines += [f"## {_TITLES.get(name, name)}", "", _md_table(df), ""]
+    md = out / "report.md"
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=".report.md.")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+    os.replace(tmp, md)
+    return Report(md, plots, tables, list(lk.skipped))

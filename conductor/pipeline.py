@@ -1,0 +1,159 @@
+"""One shard of questions through the whole chain: prompt -> conductor -> parse -> execute -> grade -> rows.
+
+Bulk answering, rollouts and evaluation are the same pipeline with a different
+``kind``; they differ only in the ``RunSpec`` (samples per question, sub-pool
+sampling, temperature). Each stage is a plain function so Prefect tasks can wrap
+them one-to-one, and each reads only what the previous stage produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import hashlib
+import time
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from conductor.pool import Pool, SubPool
+from conductor.prompts import conductor_prompt
+from conductor.trajectory import Kind, Round, Trajectory, trajectory_id
+from conductor.workflow import DEFAULT_MAX_STEPS
+
+if TYPE_CHECKING:
+    from conductor.policy.base import Generation, GenerationParams, PolicyBackend
+    from conductor.questions import Question
+    from conductor.reward import RewardScheme
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything that decides what a run produces; stored with every row it writes."""
+
+    run_id: str
+    kind: Kind
+    pool: Pool
+    checkpoint_id: str = "embedded-untrained"
+    samples: int = 1                    # per question: the GRPO group size, or repeated eval samples
+    subpool_k: int | None = None        # randomized k-of-n pools (None: the whole pool)
+    seed: int = 0
+    recursion_depth: int = 0            # extra conductor rounds allowed after the first
+    recursion_call_factor: float = 2.0  # total worker calls stay below factor x the first round's (paper: < 2x)
+    max_steps: int = DEFAULT_MAX_STEPS
+    fewshot: str = "ood"
+    temperature: float = 1.0            # conductor sampling (paper: 1.0 for GRPO groups)
+    max_tokens: int = 1024              # conductor completion limit (paper: 1024)
+    max_calls_per_question: int | None = None
+    max_dollars_per_question: float | None = None
+    max_seconds_per_question: float | None = None
+    date: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).date().isoformat())
+
+    def subpool_for(self, question_id: str) -> SubPool:
+        """Seeded per question, so every sample in a GRPO group sees the same pool and reruns agree."""
+        if not self.subpool_k or self.subpool_k >= len(self.pool.workers):
+            return self.pool.full()
+        digest = hashlib.sha256(f"{self.seed}\x1f{question_id}".encode()).digest()
+        return self.pool.sample(self.subpool_k, int.from_bytes(digest[:8], "big"))
+
+    def generation_params(self) -> "GenerationParams":
+        from conductor.policy.base import GenerationParams
+
+        return GenerationParams(temperature=self.temperature, max_tokens=self.max_tokens, seed=self.seed)
+
+
+def plan(questions: Sequence["Question"], spec: RunSpec, shard: str = "") -> list[Trajectory]:
+    """Empty trajectories, one per (question, sample), with their prompts and sub-pools decided."""
+    out = []
+    for q in questions:
+        sub = spec.subpool_for(q.id)
+        prompt = conductor_prompt(q.prompt, sub, fewshot=spec.fewshot, domain=q.domain,  # type: ignore[arg-type]
+                                  max_steps=spec.max_steps)
+        for i in range(spec.samples):
+            out.append(Trajectory(
+                trajectory_id=trajectory_id(spec.run_id, q.id, i), run_id=spec.run_id, kind=spec.kind,
+                question_id=q.id, dataset=q.dataset, domain=q.domain, question=q.prompt, sample_index=i,
+                date=spec.date, checkpoint_id=spec.checkpoint_id, pool_id=spec.pool.id, subpool=sub.names,
+                gold=q.gold, rounds=[Round(depth=0, prompt=prompt, completion="")], shard=shard))
+    return out
+
+
+def generate(trajectories: list[Trajectory], policy: "PolicyBackend", spec: RunSpec) -> list[Trajectory]:
+    """Sample the conductor: one batched call with n = samples per distinct prompt (the GRPO group)."""
+    groups: dict[str, list[Trajectory]] = {}
+    for t in trajectories:
+        groups.setdefault(t.rounds[0].prompt, []).append(t)
+    prompts = list(groups)
+    n = max(len(v) for v in groups.values()) if groups else 0
+    if not prompts:
+        return trajectories
+    outputs = policy.generate(prompts, n, spec.generation_params())
+    for prompt, gens in zip(prompts, outputs):
+        for t, g in zip(groups[prompt], gens):
+            _fill_round(t.rounds[0], g)
+    return trajectories
+
+
+def _fill_round(r: Round, g: "Generation") -> None:
+    r.completion = g.text
+    r.completion_token_ids = list(g.token_ids) if g.token_ids is not None else None
+    r.completion_logprobs = [float(x) for x in g.logprobs] if g.logprobs is not None else None
+
+
+def execute(trajectories: list[Trajectory], spec: RunSpec, executor: Any,
+            policy: "PolicyBackend | None" = None, on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+    """Parse and run every workflow concurrently under the executor's shared rate limits.
+
+    With ``spec.recursion_depth > 0`` and a policy, the conductor is called again on its own final answer.
+    """
+    from conductor.executor import Budget, execute_trajectory
+
+    conductor_fn = _recursion_fn(policy, spec) if (policy is not None and spec.recursion_depth > 0) else None
+    budget = Budget(max_calls=spec.max_calls_per_question, max_dollars=spec.max_dollars_per_question,
+                    max_seconds=spec.max_seconds_per_question)
+
+    async def one(t: Trajectory) -> Trajectory:
+        start = time.perf_counter()
+        sub = spec.subpool_for(t.question_id)
+        await execute_trajectory(t, sub, executor, conductor=conductor_fn, max_depth=spec.recursion_depth,
+                                 max_steps=spec.max_steps, budget=budget, call_factor=spec.recursion_call_factor)
+        t.wall_s = time.perf_counter() - start
+        if on_done is not None:
+            on_done(t)
+        return t
+
+    async def all_of() -> list[Trajectory]:
+        return list(await asyncio.gather(*(one(t) for t in trajectories)))
+
+    return asyncio.run(all_of())
+
+
+def _recursion_fn(policy: "PolicyBackend", spec: RunSpec):
+    """An async conductor call for recursion rounds: one sample of the conductor on the extended prompt."""
+    params = replace(spec.generation_params(), seed=None)
+
+    async def call(prompt: str) -> "Generation":
+        out = await asyncio.to_thread(policy.generate, [prompt], 1, params)
+        return out[0][0]
+
+    return call
+
+
+def score(trajectories: list[Trajectory], questions: Sequence["Question"], scheme: "RewardScheme | None" = None) -> list[Trajectory]:
+    """Grade final answers against gold where there is one; the reward follows the paper's scheme."""
+    from conductor.reward import RewardScheme, score_trajectory
+
+    by_id = {q.id: q for q in questions}
+    scheme = scheme or RewardScheme()
+    for t in trajectories:
+        score_trajectory(t, by_id[t.question_id], scheme)
+    return trajectories
+
+
+def run_shard(questions: Sequence["Question"], spec: RunSpec, policy: "PolicyBackend", executor: Any,
+              shard: str = "", scheme: "RewardScheme | None" = None,
+              on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+    """All stages for one shard, in order (the Prefect flow calls the same functions as separate tasks)."""
+    trajs = plan(questions, spec, shard)
+    generate(trajs, policy, spec)
+    execute(trajs, spec, executor, policy, on_done)
+    return score(trajs, questions, scheme)

@@ -1,0 +1,74 @@
+"""Retries for one provider call: tenacity back-off with full jitter, Retry-After aware.
+
+WHY here and not in the SDKs: SDK retries are invisible (no count, no shared
+Retry-After, no global limits). Each attempt re-acquires its rate-limit slot
+and runs under a per-call timeout, so a retried call never bypasses the limits
+and a hung connection becomes a classified ``timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Awaitable, Callable, TypeVar
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from conductor.providers.base import ProviderError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_retries: int | None = None    # None: the worker's ``limits.max_retries``
+    base_s: float = 0.5               # back-off scale: attempt k waits U(0, base * 2**k), capped
+    max_wait_s: float = 30.0
+    timeout_s: float | None = None    # None: the worker's ``limits.timeout_s``
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, ProviderError) and exc.retryable
+
+
+def _waiter(policy: RetryPolicy) -> Callable[[RetryCallState], float]:
+    jitter = wait_random_exponential(multiplier=policy.base_s, max=policy.max_wait_s)
+
+    def wait(state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        ra = getattr(exc, "retry_after", None) or 0.0
+        return max(min(ra, policy.max_wait_s), jitter(state))
+    return wait
+
+
+async def with_timeout(coro: Awaitable[T], seconds: float, who: str) -> T:
+    """Await ``coro`` at most ``seconds``; a classified ProviderError('timeout') otherwise."""
+    try:
+        async with asyncio.timeout(seconds):
+            return await coro
+    except TimeoutError:
+        raise ProviderError("timeout", f"{who}: no reply within {seconds:g} s") from None
+
+
+async def call_with_retries(attempt: Callable[[], Awaitable[T]], max_retries: int, policy: RetryPolicy,
+                            on_retry: Callable[[ProviderError], None] | None = None) -> tuple[T, int]:
+    """Run ``attempt`` until it succeeds or fails permanently; return (result, retries used)."""
+    retries = 0
+
+    def before_sleep(state: RetryCallState) -> None:
+        nonlocal retries
+        retries += 1
+        exc = state.outcome.exception() if state.outcome else None
+        if on_retry is not None and isinstance(exc, ProviderError):
+            on_retry(exc)
+
+    try:
+        async for tr in AsyncRetrying(stop=stop_after_attempt(max_retries + 1), wait=_waiter(policy),
+                                      retry=retry_if_exception(_retryable), reraise=True,
+                                      before_sleep=before_sleep):
+            with tr:
+                result = await attempt()
+    except ProviderError as e:
+        e.retries = retries  # type: ignore[attr-defined]
+        raise
+    return result, retries

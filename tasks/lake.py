@@ -1,0 +1,19 @@
+"""Prefect tasks over the trajectory lake: commit a shard, check whether one is done."""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import NONE
+
+from conductor.lake.writer import shard_done, write_shard
+from conductor.trajectory import Trajectory
+
+
+@task(name="write-shard", cache_policy=NONE, retries=2, retry_delay_seconds=2)
+def write_shard_task(lake_root: str, trajectories: list[Trajectory], shard_id: str) -> list[str]:
+    return write_shard(lake_root, trajectories, shard_id)
+
+
+@task(name="shard-done", cache_policy=NONE)
+def shard_done_task(lake_root: str, kind: str, run_id: str, shard_id: str) -> bool:
+    return shard_done(lake_root, kind, run_id, shard_id)

@@ -1,0 +1,31 @@
+"""Prefect task: summarise a finished run, write answers.jsonl, summary.json and the report, publish an artifact."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NONE
+
+
+@task(name="summarize-run", cache_policy=NONE)
+def summarize_run(lake: str, run_id: str, out_dir: str, kind: str = "answer") -> dict[str, Any]:
+    from prefect.artifacts import create_markdown_artifact
+
+    from conductor.lake.report import render_report
+    from conductor.summary import atomic_write_text, format_summary, run_summary, write_answers
+
+    out = Path(out_dir)
+    summary, df = run_summary(lake, run_id, kind)
+    summary["answers"] = str(write_answers(df, out / "answers.jsonl"))
+    report = render_report(lake, out / "report", run_id=run_id)
+    summary["report"] = str(report.markdown)
+    summary["lake"] = lake
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str))
+    text = format_summary(summary)
+    get_run_logger().info("\n%s", text)
+    create_markdown_artifact(key=f"run-{run_id}"[:60].lower(), markdown=f"```\n{text}\n```\n\nReport: {report.markdown}",
+                             description=f"Summary of run {run_id}")
+    return summary

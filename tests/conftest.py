@@ -1,0 +1,47 @@
+"""Shared test set-up: an isolated Prefect home (ephemeral mode), no analytics, hypothesis without deadlines,
+and slow real-model tests skipped unless asked for (`-m slow` or CONDUCTOR_RUN_SLOW=1)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+
+_PREFECT_HOME = tempfile.mkdtemp(prefix="conductor-prefect-")
+os.environ.setdefault("PREFECT_HOME", _PREFECT_HOME)
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+settings.register_profile("conductor", deadline=None, print_blob=True)
+settings.load_profile("conductor")
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = Path(os.environ.get("CONDUCTOR_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("CONDUCTOR_RUN_SLOW") == "1" or "slow" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow real-model test: run with -m slow or CONDUCTOR_RUN_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def root() -> Path:
+    return ROOT
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.exists():
+        pytest.skip(f"shared datasets not found at {SHARED_DATA}")
+    return SHARED_DATA
