@@ -130,8 +130,11 @@ def choice_letter(text: str, n_choices: int = 4, choices: Sequence[str] | None =
         return stripped.upper()
     opts = [" ".join(str(c).lower().split()).rstrip(".") for c in choices] if choices else []
     flat = " ".join(stripped.lower().split())
-    if flat in opts:                      # the answer is exactly one option's text
-        return letters[opts.index(flat)]
+    raw = " ".join(text.strip().split()).rstrip(".")
+    exact = [" ".join(str(c).split()).rstrip(".") for c in choices] if choices else []
+    for cand, pool in ((raw, exact), (stripped, exact), (raw.lower(), opts), (flat, opts)):
+        if cand in pool and pool.count(cand) == 1:   # the answer is exactly one option's text
+            return letters[pool.index(cand)]
     for k, pattern in enumerate(_LETTER_PATTERNS):
         if k == len(_LETTER_PATTERNS) - 1 and len(stripped.split()) > 3:
             break                         # a bare capital inside a sentence is not a choice

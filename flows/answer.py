@@ -18,8 +18,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from conductor.pipeline import RunSpec
-from tasks.lake import shard_done_task, write_shard_task
-from tasks.pipeline import execute_shard, generate_shard, plan_shard, score_shard
+from flows.shards import pending_shards, run_shards
 from tasks.summary import summarize_run
 
 DEFAULT_POOL = str(Path(__file__).resolve().parent.parent / "data" / "pools" / "local.yaml")
@@ -37,13 +36,10 @@ def answer_flow(questions: str, out: str, pool: str = DEFAULT_POOL, conductor: s
                 run_id: str | None = None, cache: str | None = None, replay: bool = False,
                 show_progress: bool | None = None) -> dict[str, Any]:
     """Answer a question set; write trajectories to OUT/lake, answers to OUT/answers.jsonl, a report to OUT/report."""
-    from conductor.executor import make_executor
-    from conductor.policy import make_policy
     from conductor.pool import load_pool
     from conductor.progress import RunProgress
-    from conductor.questions import sharded
     from conductor.questionset import load_questions
-    from conductor.servers import serving
+    from conductor.runtime import serving
 
     log = get_run_logger()
     qs = load_questions(questions, limit)
@@ -52,31 +48,20 @@ def answer_flow(questions: str, out: str, pool: str = DEFAULT_POOL, conductor: s
                                      recursion_depth, k, seed, temperature, max_tokens)
     out_dir = Path(out)
     lake = str(out_dir / "lake")
-    shards = list(sharded(qs, shard_size))
+    probe = RunSpec(run_id=run_id, kind="answer", pool=manifest)
+    shards, todo = pending_shards(qs, probe, lake, shard_size)
     log.info("run %s: %d questions in %d shards, pool %s, conductor %s", run_id, len(qs), len(shards), manifest.id, conductor)
-    todo = [(sid, sq) for sid, sq in shards if not shard_done_task(lake, "answer", run_id, sid)]
     if len(todo) < len(shards):
         log.info("resuming: %d of %d shards already in the lake", len(shards) - len(todo), len(shards))
-
     if todo:
         with serving(manifest, conductor=conductor) as live:
             spec = RunSpec(run_id=run_id, kind="answer", pool=live.pool, checkpoint_id=live.checkpoint_id,
                            samples=samples, subpool_k=k, seed=seed, recursion_depth=recursion_depth,
                            temperature=temperature, max_tokens=max_tokens)
-            policy = make_policy(conductor, serving=live)
-            executor = make_executor(live.pool, cache_path=cache or str(out_dir / "cache.sqlite"), replay=replay,
-                                     conductor_policy=policy)
+            executor = live.executor(cache_path=cache or str(out_dir / "cache.sqlite"), replay=replay)
             with RunProgress(len(qs) * samples, "answering", enabled=show_progress) as progress:
                 progress.skip((len(qs) - sum(len(sq) for _, sq in todo)) * samples)
-                for sid, sq in todo:
-                    trajs = plan_shard(sq, spec, sid)
-                    trajs = generate_shard(trajs, policy, spec)
-                    trajs = execute_shard(trajs, spec, executor, policy, progress.done)
-                    trajs = score_shard(trajs, sq)
-                    write_shard_task(lake, trajs, sid)
-                    log.info("shard %s committed (%d trajectories)", sid, len(trajs))
-            executor.close()
-            policy.close()
+                run_shards(todo, spec, lake, live.policy, executor, progress.done)
     return summarize_run(lake, run_id, str(out_dir))
 
 

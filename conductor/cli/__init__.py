@@ -26,6 +26,8 @@ def fail(message: str, code: int = 2) -> "typer.Exit":
 from conductor.cli import parse_cmd as _parse_cmd  # noqa: E402,F401
 from conductor.cli import pool_cmd as _pool_cmd  # noqa: E402,F401
 from conductor.cli import prompt_cmd as _prompt_cmd  # noqa: E402,F401
+from conductor.cli import query_cmd as _query_cmd  # noqa: E402,F401
+from conductor.cli import answer_cmd as _answer_cmd  # noqa: E402,F401
 
 
 def main() -> None:

@@ -1,0 +1,54 @@
+"""`conductor answer`: bulk answering, the main job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from conductor.cli import app, fail
+
+DEFAULT_POOL = Path(__file__).resolve().parents[2] / "data" / "pools" / "local.yaml"
+
+
+@app.command("answer")
+def answer_cmd(
+    questions: str = typer.Argument(..., help="A JSONL/CSV/Parquet file (local or s3://) with id, question and optional "
+                                    "answer; or dataset names with optional limits, e.g. gsm8k_test:10,mmlu_stem:10."),
+    out: Path = typer.Option(..., "--out", help="Output directory: lake/, answers.jsonl, summary.json, report/."),
+    pool: Path = typer.Option(DEFAULT_POOL, "--pool", help="Worker pool manifest (default: the embedded local pool)."),
+    conductor: str = typer.Option("embedded", "--conductor", help="Conductor policy: embedded, transformers:DIR[#FILE.gguf], "
+                                  "llamacpp:FILE.gguf, vllm:MODEL, openai:MODEL@URL, or champion (the registry's)."),
+    samples: int = typer.Option(1, "--samples", min=1, help="Conductor samples per question."),
+    recursion_depth: int = typer.Option(0, "--recursion-depth", min=0, help="Extra conductor rounds over its own answer."),
+    limit: int = typer.Option(None, "--limit", min=1, help="Answer only the first N questions."),
+    shard_size: int = typer.Option(5, "--shard-size", min=1, help="Questions per shard (the unit of resume)."),
+    k: int = typer.Option(None, "--k", min=1, help="Show the conductor a random k-of-n sub-pool per question."),
+    seed: int = typer.Option(0, "--seed"),
+    temperature: float = typer.Option(0.7, "--temperature", min=0.0, help="Conductor sampling temperature."),
+    max_tokens: int = typer.Option(768, "--max-tokens", min=16, help="Conductor completion limit."),
+    run_id: str = typer.Option(None, "--run-id", help="Name the run (default: derived from the inputs, so reruns resume)."),
+    cache: Path = typer.Option(None, "--cache", help="Response cache (SQLite); default OUT/cache.sqlite."),
+    replay: bool = typer.Option(False, "--replay", help="Answer only from the cache; never call a provider."),
+) -> None:
+    """Answer a question set with the conductor over a worker pool; resumable; prints a summary."""
+    from conductor.datasets import DatasetError
+    from conductor.pool import PoolError, load_pool
+    from conductor.questionset import load_questions
+
+    try:  # check inputs before any model starts: bad input is a one-line error, not a traceback
+        qs = load_questions(questions, limit)
+        load_pool(pool)
+    except (DatasetError, PoolError, ValueError, OSError) as e:
+        fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    if not qs:
+        fail(f"{questions}: no questions to answer")
+    from flows.answer import answer_flow
+    from conductor.summary import format_summary
+
+    summary = answer_flow(questions=questions, out=str(out), pool=str(pool), conductor=conductor, samples=samples,
+                          recursion_depth=recursion_depth, limit=limit, shard_size=shard_size, k=k, seed=seed,
+                          temperature=temperature, max_tokens=max_tokens, run_id=run_id,
+                          cache=str(cache) if cache else None, replay=replay)
+    typer.echo(format_summary(summary))
+    typer.echo(f"answers: {summary['answers']}\nreport:  {summary['report']}\nlake:    {summary['lake']}")
