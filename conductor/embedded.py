@@ -188,6 +188,7 @@ def join_parts(sources: Sequence[tuple[str, Iterable[bytes]]], dest: Path, sha25
                     raise EmbeddedError(f"{dest.name}: cannot read {label}: {e}") from None
             out.flush()
             os.fsync(out.fileno())
+        os.chmod(tmp, 0o644)   # a shared cache: mkstemp's 0600 would hide it from other users
         got = h.hexdigest()
         if got != sha256:
             labels = [label for label, _ in sources]

@@ -405,6 +405,10 @@ class Emulator:
     def stats(self) -> dict[str, int]:
         return dict(self._call(lambda: Counter(self.state.counts)))
 
+    def max_in_flight(self) -> int:
+        """Most requests the server held at once since the last reset (proves concurrency caps)."""
+        return int(self._call(lambda: self.state.max_in_flight))
+
     def requests(self) -> list[dict[str, Any]]:
         return self._call(lambda: list(self.state.recent))
 

@@ -106,8 +106,10 @@ def execute(trajectories: list[Trajectory], spec: RunSpec, executor: Any,
     With ``spec.recursion_depth > 0`` and a policy, the conductor is called again on its own final answer.
     """
     from conductor.executor import Budget, execute_trajectory
+    from conductor.recursion import conductor_fn_from_backend
 
-    conductor_fn = _recursion_fn(policy, spec) if (policy is not None and spec.recursion_depth > 0) else None
+    conductor_fn = (conductor_fn_from_backend(policy, replace(spec.generation_params(), seed=None))
+                    if (policy is not None and spec.recursion_depth > 0) else None)
     budget = Budget(max_calls=spec.max_calls_per_question, max_dollars=spec.max_dollars_per_question,
                     max_seconds=spec.max_seconds_per_question)
 
@@ -125,17 +127,6 @@ def execute(trajectories: list[Trajectory], spec: RunSpec, executor: Any,
         return list(await asyncio.gather(*(one(t) for t in trajectories)))
 
     return asyncio.run(all_of())
-
-
-def _recursion_fn(policy: "PolicyBackend", spec: RunSpec):
-    """An async conductor call for recursion rounds: one sample of the conductor on the extended prompt."""
-    params = replace(spec.generation_params(), seed=None)
-
-    async def call(prompt: str) -> "Generation":
-        out = await asyncio.to_thread(policy.generate, [prompt], 1, params)
-        return out[0][0]
-
-    return call
 
 
 def score(trajectories: list[Trajectory], questions: Sequence["Question"], scheme: "RewardScheme | None" = None) -> list[Trajectory]:

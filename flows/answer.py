@@ -30,7 +30,7 @@ def derive_run_id(*parts: Any) -> str:
 
 
 @flow(name="conductor-answer", persist_result=False, log_prints=True)
-def answer_flow(questions: str, out: str, pool: str = DEFAULT_POOL, conductor: str = "embedded",
+def answer_flow(questions: str, out: str, pool: str = DEFAULT_POOL, conductor: str = "auto",
                 samples: int = 1, recursion_depth: int = 0, limit: int | None = None, shard_size: int = 5,
                 k: int | None = None, seed: int = 0, temperature: float = 0.7, max_tokens: int = 768,
                 run_id: str | None = None, cache: str | None = None, replay: bool = False,

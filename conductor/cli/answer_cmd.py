@@ -17,7 +17,7 @@ def answer_cmd(
                                     "answer; or dataset names with optional limits, e.g. gsm8k_test:10,mmlu_stem:10."),
     out: Path = typer.Option(..., "--out", help="Output directory: lake/, answers.jsonl, summary.json, report/."),
     pool: Path = typer.Option(DEFAULT_POOL, "--pool", help="Worker pool manifest (default: the embedded local pool)."),
-    conductor: str = typer.Option("embedded", "--conductor", help="Conductor policy: embedded, transformers:DIR[#FILE.gguf], "
+    conductor: str = typer.Option("auto", "--conductor", help="Conductor policy: auto (the champion if one was promoted, else embedded), embedded, transformers:DIR[#FILE.gguf], "
                                   "llamacpp:FILE.gguf, vllm:MODEL, openai:MODEL@URL, or champion (the registry's)."),
     samples: int = typer.Option(1, "--samples", min=1, help="Conductor samples per question."),
     recursion_depth: int = typer.Option(0, "--recursion-depth", min=0, help="Extra conductor rounds over its own answer."),

@@ -10,15 +10,17 @@ deadline and kills and replaces a worker that overruns it.
 from __future__ import annotations
 
 import atexit
+import json
 import logging
-import multiprocessing as mp
 import os
+import select
+import subprocess
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Sequence
 from functools import lru_cache
-from multiprocessing.connection import Connection, wait
 from typing import Any
 
 Verdict = tuple[bool | None, str | None]   # (equal, error)
@@ -53,40 +55,57 @@ def equal_in_process(gold: str, pred: str) -> bool:
     return bool(verify(g, p, timeout_seconds=None))
 
 
-def _worker(conn: Connection) -> None:
-    logging.getLogger("math_verify").setLevel(logging.ERROR)
-    for name in ("math_verify.grader", "math_verify.parser", "math_verify.utils"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    while True:
+def serve() -> None:
+    """Worker loop: one JSON ``[gold, pred]`` per stdin line, one ``[equal, error]`` per stdout line."""
+    import json
+    import sys
+
+    logging.disable(logging.WARNING)   # math-verify warns on every call with timeouts off
+    out = sys.stdout
+    for line in sys.stdin:
         try:
-            job = conn.recv()
-        except (EOFError, OSError):
-            return
-        if job is None:
-            return
-        gold, pred = job
-        try:
-            conn.send((equal_in_process(gold, pred), None))
+            gold, pred = json.loads(line)
+            verdict: Verdict = (equal_in_process(gold, pred), None)
         except Exception as exc:  # a parse failure is an answer, not a crash
-            conn.send((False, f"math-verify: {type(exc).__name__}: {exc}"[:300]))
-
-
-# --------------------------------------------------------------------------- parent side
+            verdict = (False, f"math-verify: {type(exc).__name__}: {exc}"[:300])
+        out.write(json.dumps(verdict) + "\n")
+        out.flush()
 
 
 class _Proc:
-    def __init__(self, ctx: Any) -> None:
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker, args=(child,), daemon=True)
-        self.proc.start()
-        child.close()
+    """One worker: a plain subprocess (not multiprocessing, so callers' scripts are never
+    re-imported and need no ``if __name__ == "__main__"`` guard)."""
+
+    def __init__(self) -> None:
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        code = f"import sys; sys.path.insert(0, {root!r}); from conductor.grading.mathverify import serve; serve()"
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, bufsize=1)
         self.job: int | None = None
         self.started = 0.0
 
+    def fileno(self) -> int:
+        return self.proc.stdout.fileno()  # type: ignore[union-attr]
+
+    def send(self, pair: tuple[str, str]) -> None:
+        self.proc.stdin.write(json.dumps(list(pair)) + "\n")  # type: ignore[union-attr]
+        self.proc.stdin.flush()  # type: ignore[union-attr]
+
+    def recv(self) -> Verdict:
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise EOFError("math-verify worker exited")
+        equal, err = json.loads(line)
+        return equal, err
+
     def kill(self) -> None:
         self.proc.kill()
-        self.proc.join(5)
-        self.conn.close()
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
 
 
 class MathVerifyPool:
@@ -95,7 +114,6 @@ class MathVerifyPool:
     def __init__(self, workers: int | None = None, timeout: float = 5.0) -> None:
         self.workers = workers or max(1, os.cpu_count() or 1)
         self.timeout = timeout
-        self._ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
         self._procs: list[_Proc] = []
         self._lock = threading.Lock()
 
@@ -108,58 +126,52 @@ class MathVerifyPool:
         with self._lock:
             want = min(self.workers, len(pairs))
             while len(self._procs) < want:
-                self._procs.append(_Proc(self._ctx))
+                self._procs.append(_Proc())
             todo = deque(range(len(pairs)))
-            busy: dict[Connection, _Proc] = {}
+            busy: dict[int, _Proc] = {}
             idle = list(self._procs)
             while todo or busy:
                 while todo and idle:
                     w = idle.pop()
                     i = todo.popleft()
                     try:
-                        w.conn.send(pairs[i])
-                    except OSError:          # worker died between jobs: replace it, retry the item
+                        w.send(pairs[i])
+                    except (OSError, ValueError):          # worker died between jobs: replace it, retry the item
                         self._replace(w)
                         todo.appendleft(i)
                         idle.append(self._procs[-1])
                         continue
                     w.job, w.started = i, time.monotonic()
-                    busy[w.conn] = w
+                    busy[w.fileno()] = w
                 now = time.monotonic()
                 next_deadline = min(w.started + limit for w in busy.values())
-                ready = wait(list(busy), timeout=max(0.0, next_deadline - now))
-                for conn in ready:
-                    w = busy.pop(conn)  # type: ignore[arg-type]
+                ready, _, _ = select.select(list(busy), [], [], max(0.0, next_deadline - now))
+                for fd in ready:
+                    w = busy.pop(fd)
                     try:
-                        results[w.job] = conn.recv()  # type: ignore[index, union-attr]
+                        results[w.job] = w.recv()  # type: ignore[index]
                         idle.append(w)
                     except (EOFError, OSError):
                         results[w.job] = (None, "math-verify worker died")  # type: ignore[index]
                         idle.append(self._replace(w))
                 now = time.monotonic()
-                for conn, w in list(busy.items()):
+                for fd, w in list(busy.items()):
                     if now - w.started >= limit:
-                        busy.pop(conn)
+                        busy.pop(fd)
                         results[w.job] = (None, f"math-verify timed out after {limit:g}s")  # type: ignore[index]
                         idle.append(self._replace(w))
         return [r if r is not None else (None, "not graded") for r in results]
 
     def _replace(self, w: _Proc) -> _Proc:
         w.kill()
-        fresh = _Proc(self._ctx)
+        fresh = _Proc()
         self._procs[self._procs.index(w)] = fresh
         return fresh
 
     def close(self) -> None:
         with self._lock:
             for w in self._procs:
-                try:
-                    w.conn.send(None)
-                except OSError:
-                    pass
-                w.proc.join(1)
-                if w.proc.is_alive():
-                    w.kill()
+                w.kill()
             self._procs.clear()
 
 

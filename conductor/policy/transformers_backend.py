@@ -1,0 +1,179 @@
+"""Conductor sampling with HuggingFace transformers (CPU or GPU).
+
+WHY: it is the one backend that loads both the embedded GGUF files (``gguf_file=``,
+de-quantised to float) and the checkpoint directories GRPO training writes, and
+it is the trainable model itself, so the log-probs it reports are exactly the
+behaviour policy's. Loading a GGUF de-quantises and converts its tokenizer, which
+is slow; the converted checkpoint is saved once under ``$CONDUCTOR_HOME/hf/`` and
+reused (``cache_converted=True``).
+
+Log-probs are of the sampled tokens under the sampling distribution, i.e.
+``log_softmax(logits / temperature)`` (raw ``log_softmax(logits)`` when greedy);
+top-p truncation is not folded in, matching what a GRPO ratio recomputes.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from conductor.policy.base import Generation, GenerationParams
+
+
+class TransformersBackend:
+    name = "transformers"
+
+    def __init__(self, model: Any, tokenizer: Any, *, batch_size: int = 8, system_prompt: str | None = None,
+                 source: str = "<in-memory>"):
+        """Wrap an already-loaded model and tokenizer (e.g. the policy being trained)."""
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = max(1, batch_size)
+        self.system_prompt = system_prompt
+        self.source = source
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.eos_ids = _eos_ids(model, tokenizer)
+
+    @classmethod
+    def load(cls, path: str | Path, gguf_file: str | None = None, *, device: str | None = None, dtype: str | None = None,
+             cache_converted: bool = True, **kwargs: Any) -> "TransformersBackend":
+        """Load a HF checkpoint dir, a ``.gguf`` file path, or (dir, gguf_file); local files only."""
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = Path(path)
+        if gguf_file is None and path.suffix == ".gguf":
+            path, gguf_file = path.parent, path.name
+        if not path.exists():
+            raise FileNotFoundError(f"transformers backend: {path} does not exist")
+        if gguf_file is not None and not (path / gguf_file).is_file():
+            raise FileNotFoundError(f"transformers backend: {path / gguf_file} does not exist")
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        torch_dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+        source = str(path / gguf_file) if gguf_file else str(path)
+        load_from, gguf = path, gguf_file
+        if gguf_file is not None and cache_converted:
+            converted = converted_dir(path / gguf_file)
+            if (converted / "config.json").is_file():
+                load_from, gguf = converted, None
+        tok_kwargs = {"gguf_file": gguf} if gguf else {}
+        tokenizer = AutoTokenizer.from_pretrained(load_from, local_files_only=True, **tok_kwargs)
+        model = AutoModelForCausalLM.from_pretrained(load_from, local_files_only=True, dtype=torch_dtype, **tok_kwargs)
+        if gguf is not None and cache_converted:
+            _save_converted(model, tokenizer, converted_dir(path / gguf_file))
+        model.to(device)
+        model.eval()
+        tokenizer.padding_side = "left"
+        return cls(model, tokenizer, source=source, **kwargs)
+
+    # ------------------------------------------------------------ generation
+
+    def render(self, prompt: str) -> str:
+        messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else []) + [
+            {"role": "user", "content": prompt}]
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def generate(self, prompts: list[str], n: int, params: GenerationParams) -> list[list[Generation]]:
+        """n samples per prompt; rows of (prompt, sample) run in left-padded batches of ``batch_size``."""
+        import torch
+
+        rows = [(i, self.render(p)) for i, p in enumerate(prompts) for _ in range(n)]
+        out: list[list[Generation]] = [[] for _ in prompts]
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        for start in range(0, len(rows), self.batch_size):
+            chunk = rows[start:start + self.batch_size]
+            for (i, _), gen in zip(chunk, self._generate_batch([text for _, text in chunk], params)):
+                out[i].append(gen)
+        return out
+
+    def _generate_batch(self, texts: list[str], params: GenerationParams) -> list[Generation]:
+        import torch
+
+        tok = self.tokenizer
+        tok.padding_side = "left"
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.model.device)
+        sample = params.temperature > 0
+        kwargs: dict[str, Any] = dict(
+            max_new_tokens=params.max_tokens, do_sample=sample, output_logits=True, return_dict_in_generate=True,
+            pad_token_id=tok.pad_token_id, eos_token_id=sorted(self.eos_ids) or None,
+        )
+        if sample:
+            kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
+        else:
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        if params.stop:
+            kwargs.update(stop_strings=list(params.stop), tokenizer=tok)
+        with torch.inference_mode():
+            res = self.model.generate(**enc, **kwargs)
+        prompt_len = enc["input_ids"].shape[1]
+        new = res.sequences[:, prompt_len:]
+        logits = torch.stack(res.logits, dim=1).float()             # [batch, new_len, vocab]
+        if sample:
+            logits = logits / params.temperature
+        lp = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        gens = []
+        for b in range(new.shape[0]):
+            ids = new[b].tolist()
+            n_keep, finish = len(ids), "length"
+            for j, t in enumerate(ids):
+                if t in self.eos_ids:
+                    n_keep, finish = j + 1, "stop"      # keep the EOS: the policy must learn to stop
+                    break
+            ids = ids[:n_keep]
+            text = tok.decode(ids, skip_special_tokens=True)
+            for s in params.stop:
+                cut = text.find(s)
+                if cut >= 0:
+                    text, finish = text[:cut], "stop"
+            logprobs = [float(x) for x in lp[b, :n_keep].tolist()] if params.logprobs else None
+            if logprobs is not None and not all(math.isfinite(x) for x in logprobs):
+                raise ValueError(f"transformers backend ({self.source}): non-finite log-prob in a sampled completion")
+            mask = enc["attention_mask"][b].bool()
+            gens.append(Generation(text=text, token_ids=ids, logprobs=logprobs, finish_reason=finish,
+                                   prompt_token_ids=enc["input_ids"][b][mask].tolist()))
+        return gens
+
+    def close(self) -> None:
+        self.model = None
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    """End-of-turn ids: the generation config's, the tokenizer's, and ChatML's ``<|im_end|>``."""
+    ids: set[int] = set()
+    cfg = getattr(model, "generation_config", None)
+    eos = getattr(cfg, "eos_token_id", None)
+    ids.update(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
+    if im_end is not None:
+        ids.add(im_end)
+    return ids
+
+
+def converted_dir(gguf_path: Path) -> Path:
+    """Where the float checkpoint converted from a GGUF file is kept (keyed by file name and size)."""
+    from conductor.embedded import conductor_home
+
+    size = gguf_path.stat().st_size
+    return conductor_home() / "hf" / f"{gguf_path.stem}-{size}"
+
+
+def _save_converted(model: Any, tokenizer: Any, dest: Path) -> None:
+    """Write the converted checkpoint atomically (temp dir + rename); losing the race is fine."""
+    import shutil
+    import tempfile
+
+    if (dest / "config.json").is_file():
+        return
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.rename(dest)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)

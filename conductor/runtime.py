@@ -1,0 +1,113 @@
+"""The live side of a run: servers started, policy loaded, executor built, and all of it stopped again.
+
+Flows open ``serving(pool, conductor=spec)`` once per run. Embedded workers
+(``embedded://`` URLs) get llama.cpp servers on loopback; the embedded conductor
+shares the 1.5B server instead of loading the model twice; a ``provider:
+conductor`` worker is bound to the live policy (recursion as a worker).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    from conductor.executor import Executor
+    from conductor.policy.base import PolicyBackend
+    from conductor.pool import Pool
+
+EMBEDDED_CONDUCTOR_MODEL = "qwen2.5-coder-1.5b-instruct"
+
+
+@dataclass
+class Live:
+    pool: "Pool"                 # embedded URLs resolved to the running servers
+    manifest: "Pool"             # as written (cache keys and fingerprints come from this one)
+    policy: "PolicyBackend"
+    checkpoint_id: str
+    _executors: list["Executor"] = field(default_factory=list)
+
+    def executor(self, cache_path: str | None = None, replay: bool = False, **kw: Any) -> "Executor":
+        """An executor over this run's pool with an on-disk response cache (replay: never call a provider)."""
+        from conductor.cache import ResponseCache
+        from conductor.executor import Executor
+
+        cache = ResponseCache(cache_path, mode="replay" if replay else "read_write") if cache_path else None
+        ex = Executor(cache=cache, **kw)
+        self._executors.append(ex)
+        return ex
+
+
+def registry_uri() -> str:
+    """Where the checkpoint registry lives: $CONDUCTOR_REGISTRY, else under $CONDUCTOR_HOME."""
+    from conductor.embedded import conductor_home
+
+    return os.environ.get("CONDUCTOR_REGISTRY") or str(conductor_home() / "registry")
+
+
+def conductor_policy(spec: str, embedded_url: Any = None) -> tuple["PolicyBackend", str]:
+    """(policy, checkpoint id) for a conductor spec.
+
+    ``auto`` is the registry's champion when one has been promoted, else ``embedded`` (the 1.5B model,
+    few-shot prompted, talking to the embedded server so the model is loaded once). ``champion[@URI]``
+    requires a champion.
+    """
+    from conductor.policy import make_policy
+
+    if spec == "auto" or spec.startswith("champion"):
+        from conductor.registry import Registry, RegistryError
+
+        uri = spec.partition("@")[2] or registry_uri()
+        entry = Registry.open(uri).champion if (spec != "auto" or _exists(uri)) else None
+        if entry is not None:
+            return make_policy(f"transformers:{entry.uri}"), entry.checkpoint_id
+        if spec != "auto":
+            raise RegistryError(f"registry {uri}: no champion has been promoted yet")
+        spec = "embedded"
+    if spec == "embedded" and embedded_url is not None:
+        url = embedded_url(EMBEDDED_CONDUCTOR_MODEL)
+        return make_policy(f"openai:{EMBEDDED_CONDUCTOR_MODEL}@{url}"), f"embedded:{EMBEDDED_CONDUCTOR_MODEL}"
+    return make_policy(spec), spec
+
+
+def _exists(uri: str) -> bool:
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(uri)
+    return bool(fs.exists(path))
+
+
+@contextlib.contextmanager
+def serving(manifest: "Pool", conductor: str = "auto", bind_as_worker: bool = True) -> Iterator[Live]:
+    """Start what the run needs; stop all of it on exit, even after an error or Ctrl-C."""
+    from conductor.servers import EmbeddedServers, embedded_models, resolve_embedded
+
+    with contextlib.ExitStack() as stack:
+        servers = stack.enter_context(EmbeddedServers())
+        pool = manifest
+        if embedded_models(manifest):
+            pool, _ = resolve_embedded(manifest, servers)
+        policy, checkpoint_id = conductor_policy(conductor, servers.url)
+        stack.callback(_close, policy)
+        if bind_as_worker and any(w.provider == "conductor" for w in pool.workers):
+            from conductor.providers.conductor import bind_conductor, unbind_conductor
+
+            bind_conductor(policy)
+            stack.callback(unbind_conductor)
+        live = Live(pool=pool, manifest=manifest, policy=policy, checkpoint_id=checkpoint_id)
+        stack.callback(_close_executors, live)
+        yield live
+
+
+def _close(obj: Any) -> None:
+    close = getattr(obj, "close", None)
+    if close is not None:
+        close()
+
+
+def _close_executors(live: Live) -> None:
+    for ex in live._executors:
+        if ex.cache is not None:
+            ex.cache.close()
