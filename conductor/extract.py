@@ -69,7 +69,7 @@ def boxed(text: str) -> str | None:
 
 
 def _clean_line(s: str) -> str:
-    s = s.strip().strip("*").strip().rstrip(".").strip()
+    s = re.sub(r"^[\s*]+|[\s*.]+$", "", s)
     s = re.sub(r"^\$+|\$+$", "", s).strip()
     s = re.sub(r"^\\\(|\\\)$", "", s).strip()
     return s.rstrip(".").strip()
@@ -126,8 +126,9 @@ def choice_letter(text: str, n_choices: int = 4, choices: Sequence[str] | None =
     letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
     last = letters[min(n_choices, 26) - 1]
     stripped = text.strip().strip("*$ ").rstrip(".").strip()
-    if len(stripped) == 1 and stripped.isalpha() and stripped.upper() <= last:
-        return stripped.upper()
+    bare = stripped.strip("()[]* ")
+    if len(bare) == 1 and bare.isalpha() and bare.upper() <= last:
+        return bare.upper()
     opts = [" ".join(str(c).lower().split()).rstrip(".") for c in choices] if choices else []
     flat = " ".join(stripped.lower().split())
     raw = " ".join(text.strip().split()).rstrip(".")

@@ -110,6 +110,12 @@ def execute(trajectories: list[Trajectory], spec: RunSpec, executor: Any,
 
     conductor_fn = (conductor_fn_from_backend(policy, replace(spec.generation_params(), seed=None))
                     if (policy is not None and spec.recursion_depth > 0) else None)
+    if any(w.provider == "simulated" for w in spec.pool.workers):
+        from conductor.providers.simulated import register_gold
+
+        for t in trajectories:  # simulated workers must know the gold answer to be right (or plausibly wrong)
+            if t.gold is not None:
+                register_gold(t.question, t.gold, t.domain, t.dataset)
     budget = Budget(max_calls=spec.max_calls_per_question, max_dollars=spec.max_dollars_per_question,
                     max_seconds=spec.max_seconds_per_question)
 

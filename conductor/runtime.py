@@ -27,17 +27,19 @@ class Live:
     manifest: "Pool"             # as written (cache keys and fingerprints come from this one)
     policy: "PolicyBackend"
     checkpoint_id: str
-    _executors: list["Executor"] = field(default_factory=list)
+    _executors: dict[tuple[str | None, bool], "Executor"] = field(default_factory=dict)
 
-    def executor(self, cache_path: str | None = None, replay: bool = False, **kw: Any) -> "Executor":
-        """An executor over this run's pool with an on-disk response cache (replay: never call a provider)."""
+    def executor(self, cache_path: str | None = None, replay: bool = False) -> "Executor":
+        """The executor for this cache (built once): shared rate limits and an on-disk response cache
+        (replay: never call a provider)."""
         from conductor.cache import ResponseCache
         from conductor.executor import Executor
 
-        cache = ResponseCache(cache_path, mode="replay" if replay else "read_write") if cache_path else None
-        ex = Executor(cache=cache, **kw)
-        self._executors.append(ex)
-        return ex
+        key = (cache_path, replay)
+        if key not in self._executors:
+            cache = ResponseCache(cache_path, mode="replay" if replay else "read_write") if cache_path else None
+            self._executors[key] = Executor(cache=cache)
+        return self._executors[key]
 
 
 def registry_uri() -> str:
@@ -54,6 +56,10 @@ def conductor_policy(spec: str, embedded_url: Any = None) -> tuple["PolicyBacken
     few-shot prompted, talking to the embedded server so the model is loaded once). ``champion[@URI]``
     requires a champion.
     """
+    if spec.startswith("fixed:"):
+        from conductor.policy.fixed import FixedWorkflowPolicy
+
+        return FixedWorkflowPolicy.single_worker(int(spec.partition(":")[2])), spec
     from conductor.policy import make_policy
 
     if spec == "auto" or spec.startswith("champion"):
@@ -70,6 +76,19 @@ def conductor_policy(spec: str, embedded_url: Any = None) -> tuple["PolicyBacken
         url = embedded_url(EMBEDDED_CONDUCTOR_MODEL)
         return make_policy(f"openai:{EMBEDDED_CONDUCTOR_MODEL}@{url}"), f"embedded:{EMBEDDED_CONDUCTOR_MODEL}"
     return make_policy(spec), spec
+
+
+def checkpoint_of(spec: str) -> str:
+    """The checkpoint a conductor spec stands for right now, without loading anything (run ids use it)."""
+    if spec == "auto" or spec.startswith("champion"):
+        from conductor.registry import Registry
+
+        uri = spec.partition("@")[2] or registry_uri()
+        entry = Registry.open(uri).champion if _exists(uri) else None
+        if entry is not None:
+            return entry.checkpoint_id
+        return f"embedded:{EMBEDDED_CONDUCTOR_MODEL}" if spec == "auto" else spec
+    return f"embedded:{EMBEDDED_CONDUCTOR_MODEL}" if spec == "embedded" else spec
 
 
 def _exists(uri: str) -> bool:
@@ -108,6 +127,33 @@ def _close(obj: Any) -> None:
 
 
 def _close_executors(live: Live) -> None:
-    for ex in live._executors:
+    for ex in live._executors.values():
         if ex.cache is not None:
             ex.cache.close()
+
+
+_SHARED: dict[tuple[str, str], tuple[contextlib.ExitStack, Live]] = {}
+
+
+def shared_live(manifest: "Pool", conductor: str) -> Live:
+    """A per-process ``serving`` kept open for the life of the process.
+
+    Shard tasks on a Dask/Ray worker build their own runtime from plain specs (a
+    loaded model cannot be shipped between processes) and reuse it across shards.
+    """
+    import atexit
+
+    key = (manifest.fingerprint, conductor)
+    if key not in _SHARED:
+        stack = contextlib.ExitStack()
+        live = stack.enter_context(serving(manifest, conductor))
+        if not _SHARED:
+            atexit.register(close_shared)
+        _SHARED[key] = (stack, live)
+    return _SHARED[key][1]
+
+
+def close_shared() -> None:
+    while _SHARED:
+        _, (stack, _live) = _SHARED.popitem()
+        stack.close()

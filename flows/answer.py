@@ -39,12 +39,13 @@ def answer_flow(questions: str, out: str, pool: str = DEFAULT_POOL, conductor: s
     from conductor.pool import load_pool
     from conductor.progress import RunProgress
     from conductor.questionset import load_questions
-    from conductor.runtime import serving
+    from conductor.runtime import checkpoint_of, serving
 
     log = get_run_logger()
     qs = load_questions(questions, limit)
     manifest = load_pool(pool)
-    run_id = run_id or derive_run_id(questions, limit, manifest.id, manifest.fingerprint, conductor, samples,
+    run_id = run_id or derive_run_id(questions, limit, manifest.id, manifest.fingerprint,
+                                     checkpoint_of(conductor), samples,
                                      recursion_depth, k, seed, temperature, max_tokens)
     out_dir = Path(out)
     lake = str(out_dir / "lake")

@@ -3,6 +3,7 @@ registers itself on ``app``; heavy libraries are imported inside the commands.""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -26,11 +27,17 @@ def fail(message: str, code: int = 2) -> "typer.Exit":
 from conductor.cli import parse_cmd as _parse_cmd  # noqa: E402,F401
 from conductor.cli import pool_cmd as _pool_cmd  # noqa: E402,F401
 from conductor.cli import prompt_cmd as _prompt_cmd  # noqa: E402,F401
+from conductor.cli import grade_cmd as _grade_cmd  # noqa: E402,F401
 from conductor.cli import query_cmd as _query_cmd  # noqa: E402,F401
 from conductor.cli import answer_cmd as _answer_cmd  # noqa: E402,F401
+from conductor.cli import deploy_cmd as _deploy_cmd  # noqa: E402,F401
 
 
 def main() -> None:
+    # Prefect runs in ephemeral mode unless PREFECT_API_URL points at a server; on a busy 2-core machine its
+    # temporary server needs longer than the default 20 s to come up. No analytics leave the machine.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     app(prog_name="conductor")
 
 

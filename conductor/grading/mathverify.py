@@ -62,6 +62,9 @@ def serve() -> None:
 
     logging.disable(logging.WARNING)   # math-verify warns on every call with timeouts off
     out = sys.stdout
+    equal_in_process("1", "1")         # import sympy/math-verify before the first deadline starts
+    out.write("ready\n")
+    out.flush()
     for line in sys.stdin:
         try:
             gold, pred = json.loads(line)
@@ -83,6 +86,18 @@ class _Proc:
                                      stderr=subprocess.DEVNULL, text=True, bufsize=1)
         self.job: int | None = None
         self.started = 0.0
+        self.ready = False
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Block until the worker has imported math-verify (its start-up is not charged to a job)."""
+        if self.ready:
+            return
+        r, _, _ = select.select([self.fileno()], [], [], timeout)
+        line = self.proc.stdout.readline() if r else ""  # type: ignore[union-attr]
+        if line.strip() != "ready":
+            self.kill()
+            raise RuntimeError("math-verify worker failed to start (is math-verify installed?)")
+        self.ready = True
 
     def fileno(self) -> int:
         return self.proc.stdout.fileno()  # type: ignore[union-attr]
@@ -127,6 +142,8 @@ class MathVerifyPool:
             want = min(self.workers, len(pairs))
             while len(self._procs) < want:
                 self._procs.append(_Proc())
+            for w in self._procs:
+                w.wait_ready()
             todo = deque(range(len(pairs)))
             busy: dict[int, _Proc] = {}
             idle = list(self._procs)
@@ -165,6 +182,7 @@ class MathVerifyPool:
     def _replace(self, w: _Proc) -> _Proc:
         w.kill()
         fresh = _Proc()
+        fresh.wait_ready()
         self._procs[self._procs.index(w)] = fresh
         return fresh
 

@@ -61,12 +61,14 @@ def to_number(text: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def numbers_equal(a: float, b: float, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> bool:
-    """Relative-or-absolute tolerance.
+def numbers_equal(a: float, b: float, rel_tol: float = 1e-9, abs_tol: float = 1e-9) -> bool:
+    """Relative-or-absolute tolerance; two whole numbers must match exactly.
 
-    >>> numbers_equal(18.0, 18.0000001), numbers_equal(18, 19)
-    (True, False)
+    >>> numbers_equal(18.0, 18.0000000001), numbers_equal(18, 19), numbers_equal(2880000, 2880001)
+    (True, False, False)
     """
+    if float(a).is_integer() and float(b).is_integer():
+        return a == b
     return math.isclose(a, b, rel_tol=rel_tol, abs_tol=abs_tol)
 
 
@@ -89,7 +91,7 @@ class NumericGrader:
             value = to_number(fallback)
         if value is None:
             return GradeResult(False, extracted, None, "not a number")
-        ok = numbers_equal(value, gold, float(q.metadata.get("rel_tol", 1e-6)), float(q.metadata.get("abs_tol", 1e-9)))
+        ok = numbers_equal(value, gold, float(q.metadata.get("rel_tol", 1e-9)), float(q.metadata.get("abs_tol", 1e-9)))
         return GradeResult(ok, extracted)
 
 

@@ -40,6 +40,8 @@ def group_advantages(rewards: Sequence[float | None], eps: float = 1e-4, scale: 
     n = len(valid)
     var = sum((r - mean) ** 2 for r in valid) / max(n - ddof, 1)
     std = math.sqrt(var)
+    if std + eps == 0:
+        return [None if r is None else 0.0 for r in rewards]
     return [None if r is None else (r - mean) / (std + eps) for r in rewards]
 
 

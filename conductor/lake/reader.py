@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from conductor.lake.schema import (
-    METADATA_VERSION_KEY, PARTITION_KEYS, SCHEMA_VERSION, SCHEMAS, LakeSchemaError, file_schema,
+    METADATA_VERSION_KEY, METADATA_WRITE_KEY, PARTITION_KEYS, SCHEMA_VERSION, SCHEMAS, LakeSchemaError, file_schema,
     trajectory_from_row,
 )
 from conductor.lake.storage import LakeLocation, open_location
@@ -107,6 +107,7 @@ class Lake:
     location: LakeLocation
     skipped: list[str] = field(default_factory=list)     # corrupt files, by URI
     _files: dict[tuple[str, tuple[tuple[str, str], ...]], list[str]] = field(default_factory=dict)
+    _write_ids: dict[tuple[str, str], bytes | None] = field(default_factory=dict)   # (table, rel) -> id
 
     @property
     def url(self) -> str:
@@ -123,6 +124,8 @@ class Lake:
         key = (table, want)
         if key in self._files:
             return self._files[key]
+        if table == "calls":   # calls are visible only once their trajectories file is committed
+            self.list_files("trajectories", **partitions)
         loc = self.location
         base = loc.path(table)
         paths = sorted(loc.fs.glob(base + "/**/*.parquet")) if loc.fs.exists(base) else []
@@ -145,6 +148,10 @@ class Lake:
                     self.skipped.append(uri)
                 continue
             check_schema(meta.schema.to_arrow_schema(), table, uri)
+            write_id = (meta.metadata or {}).get(METADATA_WRITE_KEY)
+            self._write_ids[(table, rel)] = write_id
+            if table == "calls" and not self._committed(rel, write_id, uri):
+                continue
             version = (meta.metadata or {}).get(METADATA_VERSION_KEY)
             if version and int(version) > SCHEMA_VERSION:
                 log.info("lake: %s was written with schema v%s (this reader: v%d); new columns ignored",
@@ -152,6 +159,16 @@ class Lake:
             good.append(uri)
         self._files[key] = good
         return good
+
+    def _committed(self, rel: str, write_id: bytes | None, uri: str) -> bool:
+        if ("trajectories", rel) not in self._write_ids:
+            log.info("lake: ignoring %s: its shard has no committed trajectories file", uri)
+            return False
+        if self._write_ids[("trajectories", rel)] != write_id:
+            log.warning("lake: ignoring %s: it does not belong to the committed trajectories file of its shard "
+                        "(a rewrite was interrupted; rerun the shard)", uri)
+            return False
+        return True
 
     def scan(self, table: str = "trajectories", *, kind: str | None = None, date: str | None = None,
              run_id: str | None = None) -> pl.LazyFrame:

@@ -32,6 +32,7 @@ PARTITION_KEYS: tuple[str, ...] = ("kind", "date", "run_id")
 TABLES: tuple[str, ...] = ("trajectories", "calls")
 METADATA_VERSION_KEY = b"conductor.schema_version"
 METADATA_TABLE_KEY = b"conductor.table"
+METADATA_WRITE_KEY = b"conductor.write_id"   # same value in a shard's calls and trajectories files
 
 STEP_TYPE = pa.struct([
     pa.field("worker", pa.int32()),
@@ -169,11 +170,14 @@ TRAJECTORIES_SCHEMA, CALLS_SCHEMA, ROUND_TYPE = _build()
 SCHEMAS: dict[str, pa.Schema] = {"trajectories": TRAJECTORIES_SCHEMA, "calls": CALLS_SCHEMA}
 
 
-def file_schema(table: str) -> pa.Schema:
+def file_schema(table: str, write_id: str = "") -> pa.Schema:
     """Schema of the Parquet files: the logical schema minus the Hive partition keys (they live in the path)."""
     s = SCHEMAS[table]
     s = pa.schema([f for f in s if f.name not in PARTITION_KEYS])
-    return s.with_metadata({METADATA_VERSION_KEY: str(SCHEMA_VERSION).encode(), METADATA_TABLE_KEY: table.encode()})
+    meta = {METADATA_VERSION_KEY: str(SCHEMA_VERSION).encode(), METADATA_TABLE_KEY: table.encode()}
+    if write_id:
+        meta[METADATA_WRITE_KEY] = write_id.encode()
+    return s.with_metadata(meta)
 
 
 # ------------------------------------------------------------------ rows <-> records

@@ -7,7 +7,9 @@ in the same directory, fsynced and renamed (atomic on POSIX); on S3 the object i
 PUT directly (an object becomes visible only when its upload completes). Readers
 only list ``*.parquet`` files not starting with '.', so they never see a partial
 file. The calls file is written before the trajectories file, which acts as the
-shard's commit marker for ``shard_done``.
+shard's commit marker (``shard_done``); both carry the same ``write_id`` in their
+Parquet metadata, and readers ignore a calls file that does not match its
+committed trajectories file (a writer killed between the two files).
 """
 
 from __future__ import annotations
@@ -56,8 +58,8 @@ def partition_dir(kind: str, date: str, run_id: str) -> str:
     return PARTITIONING.format(expr)[0]
 
 
-def _to_table(rows: list[dict[str, Any]], table: str) -> pa.Table:
-    schema = file_schema(table)
+def _to_table(rows: list[dict[str, Any]], table: str, write_id: str) -> pa.Table:
+    schema = file_schema(table, write_id)
     try:
         return pa.Table.from_pylist(rows, schema=schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as e:
@@ -131,8 +133,8 @@ def write_shard(lake_root: str | LakeLocation, trajectories: Iterable[Trajectory
                 *, storage_options: dict[str, Any] | None = None) -> list[str]:
     """Write one shard (replacing any earlier write of it); return the paths written.
 
-    Trajectories without a ``date`` get today's UTC date and without a ``shard`` this
-    shard's id (both are set on the records passed in). A shard that spans
+    Trajectories without a ``date`` get today's UTC date, and ``shard`` is set to
+    ``shard_id`` (both on the records passed in, so they match the lake). A shard that spans
     several (kind, date, run_id) partitions writes one file per partition.
     """
     loc = open_location(lake_root, storage_options)
@@ -142,17 +144,18 @@ def write_shard(lake_root: str | LakeLocation, trajectories: Iterable[Trajectory
     for t in trajectories:
         if not t.date:
             t.date = today
-        if not t.shard:
-            t.shard = shard_id
+        t.shard = shard_id
         groups.setdefault((t.kind, t.date, t.run_id), []).append(t)
     if not groups:
         raise ValueError(f"shard {shard_id}: no trajectories to write")
     written: list[str] = []
     for (kind, date, run_id), items in groups.items():
         part = partition_dir(kind, date, run_id)
-        traj = _to_table([_drop_keys(trajectory_row(t)) for t in items], "trajectories")
-        calls = _to_table([_drop_keys(r) for t in items for r in call_rows(t)], "calls")
-        # calls first: the trajectories file is the shard's commit marker
+        write_id = uuid.uuid4().hex
+        traj = _to_table([_drop_keys(trajectory_row(t)) for t in items], "trajectories", write_id)
+        calls = _to_table([_drop_keys(r) for t in items for r in call_rows(t)], "calls", write_id)
+        # calls first: the trajectories file is the shard's commit marker, and readers only
+        # use a calls file whose write_id matches its committed trajectories file
         for table_name, table in (("calls", calls), ("trajectories", traj)):
             final = loc.path(table_name, part, name)
             _write_file(loc, table, final)

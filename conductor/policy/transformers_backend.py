@@ -154,6 +154,28 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     return ids
 
 
+def detach_gguf_quantizer(model: Any) -> Any:
+    """Make a GGUF-loaded model saveable with ``save_pretrained``.
+
+    transformers marks GGUF loads as "quantized" and refuses to save them, but the
+    weights are already de-quantised floats; dropping the marker lets training
+    checkpoints and the conversion cache be written as ordinary safetensors.
+    """
+    quantizer = getattr(model, "hf_quantizer", None)
+    method = getattr(getattr(quantizer, "quantization_config", None), "quant_method", None)
+    if quantizer is not None and str(getattr(method, "value", method)).lower() == "gguf":
+        model.hf_quantizer = None
+        for attr in ("is_quantized", "_is_quantized"):
+            if getattr(model, attr, False) is True:
+                try:
+                    setattr(model, attr, False)
+                except AttributeError:
+                    pass
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+    return model
+
+
 def converted_dir(gguf_path: Path) -> Path:
     """Where the float checkpoint converted from a GGUF file is kept (keyed by file name and size)."""
     from conductor.embedded import conductor_home
@@ -169,6 +191,7 @@ def _save_converted(model: Any, tokenizer: Any, dest: Path) -> None:
 
     if (dest / "config.json").is_file():
         return
+    detach_gguf_quantizer(model)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:

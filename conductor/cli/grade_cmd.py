@@ -1,0 +1,77 @@
+"""`conductor grade FILE.jsonl`: grade responses line by line, one JSON verdict per input line.
+
+Each input line is ``{"kind": "math"|"mcq"|"code"|"numeric"|"exact", "gold": ..., "response": "...",
+"tests": ..., "entry_point": ..., "choices": [...]}``. A malformed line yields an error verdict naming
+the line; it never stops the run, and output order follows input order.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import typer
+
+from conductor.cli import app, fail
+
+_KIND_DOMAIN = {"math": "math", "numeric": "math", "mcq": "mcq", "code": "code", "exact": "free"}
+
+
+def _verdict(correct: bool, extracted: str | None, error: str | None) -> str:
+    return json.dumps({"correct": correct, "extracted": extracted, "error": error}, ensure_ascii=False)
+
+
+def grade_line(line: str, lineno: int, where: str) -> str:
+    """One input line -> one output JSON line (never raises for bad input)."""
+    from conductor.grading import as_question, get_grader
+
+    try:
+        obj: Any = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return _verdict(False, None, f"{where}:{lineno}: invalid JSON ({exc.msg})")
+    if not isinstance(obj, dict):
+        return _verdict(False, None, f"{where}:{lineno}: expected a JSON object")
+    kind = obj.get("kind")
+    if kind not in _KIND_DOMAIN:
+        return _verdict(False, None, f"{where}:{lineno}: field 'kind' must be one of {sorted(_KIND_DOMAIN)}, got {kind!r}")
+    response = obj.get("response")
+    if not isinstance(response, str):
+        return _verdict(False, None, f"{where}:{lineno}: field 'response' must be a string")
+    if kind == "code":
+        if obj.get("tests") in (None, "", []):
+            return _verdict(False, None, f"{where}:{lineno}: field 'tests' is required for kind 'code'")
+    elif obj.get("gold") in (None, ""):
+        return _verdict(False, None, f"{where}:{lineno}: field 'gold' is required for kind {kind!r}")
+    try:
+        question = as_question(obj, _KIND_DOMAIN[kind])
+        result = get_grader(kind).grade(question, response)
+    except Exception as exc:  # a grader bug must not lose the other lines
+        return _verdict(False, None, f"{where}:{lineno}: {type(exc).__name__}: {exc}")
+    error = f"{where}:{lineno}: {result.error}" if result.error else None
+    return _verdict(result.correct, result.extracted, error)
+
+
+@app.command("grade")
+def grade_cmd(
+    file: str = typer.Argument(..., help="JSONL file of {kind, gold, response, tests, entry_point}; '-' for stdin"),
+    workers: int = typer.Option(0, help="lines graded in parallel (0 = number of cores)"),
+) -> None:
+    """Grade model responses; print one {"correct", "extracted", "error"} JSON line per input line."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    if file == "-":
+        lines, where = sys.stdin.read().splitlines(), "<stdin>"
+    else:
+        try:
+            with open(file, encoding="utf-8") as fh:
+                lines, where = fh.read().splitlines(), file
+        except OSError as exc:
+            fail(f"{file}: {exc.strerror or exc}")
+        except UnicodeDecodeError as exc:
+            fail(f"{file}: not UTF-8 text ({exc.reason})")
+    numbered = [(i, ln) for i, ln in enumerate(lines, 1) if ln.strip()]
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as ex:
+        for out in ex.map(lambda p: grade_line(p[1], p[0], where), numbered):
+            typer.echo(out)

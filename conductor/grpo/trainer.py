@@ -1,0 +1,486 @@
+"""One GRPO update from a stored rollout run: load a checkpoint, train on its trajectories, save the next one.
+
+WHY not TRL's ``GRPOTrainer``: it couples generation and training in one process
+(it samples the group itself, then updates). Here rollouts are produced by a
+separate, resumable Prefect flow (vLLM on GPU, other backends on CPU), executed
+against real worker pools and stored in the Parquet lake; training reads one
+rollout run back. So this module keeps GRPOTrainer's math (the same clipped
+objective, group advantages, loss aggregations, temperature-scaled log-probs)
+but drives it from stored trajectories. From TRL it reuses
+``selective_log_softmax`` (memory-efficient log_softmax + gather with
+temperature) and ``pad``; from transformers the models, tokenizers and chat
+templates; from peft the LoRA adapters. See docs/learning.md.
+
+``PolicyTrainer`` keeps model and optimizer in memory across updates (the CPU
+benchmark trains many small steps in one process); ``grpo_step`` is the
+stateless form a flow task calls: checkpoint in, checkpoint + metrics out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from conductor.grpo.config import GRPOConfig, lr_at
+from conductor.grpo.samples import Sample, build_samples
+
+
+class TrainError(ValueError):
+    """A training input that cannot be used (bad checkpoint path, empty run, ...); one line."""
+
+
+# ------------------------------------------------------------------ checkpoints in and out
+
+def _is_remote(uri: str) -> bool:
+    return "://" in uri and not uri.startswith("file://")
+
+
+def _cache_root() -> Path:
+    from conductor.embedded import conductor_home
+
+    return conductor_home() / "checkpoints-cache"
+
+
+def resolve_model(spec: str) -> tuple[Path, str | None]:
+    """A checkpoint spec -> (local directory, gguf file name or None).
+
+    Accepts a HF checkpoint directory, a ``.gguf`` file (de-quantised by
+    transformers; its converted copy under ``$CONDUCTOR_HOME/hf`` is used when
+    the transformers backend made one), or an ``s3://``/fsspec URL of a
+    checkpoint directory (downloaded once into a local cache).
+    """
+    if _is_remote(spec):
+        import fsspec
+
+        local = _cache_root() / hashlib.sha256(spec.encode()).hexdigest()[:16]
+        if not (local / "config.json").is_file():
+            fs, path = fsspec.core.url_to_fs(spec)
+            if not fs.exists(f"{path.rstrip('/')}/config.json"):
+                raise TrainError(f"{spec}: not a checkpoint (no config.json)")
+            tmp = Path(tempfile.mkdtemp(prefix=".dl-", dir=_ensure(local.parent)))
+            fs.get(path.rstrip("/") + "/", str(tmp), recursive=True)
+            tmp.rename(local)
+        return local, None
+    p = Path(spec.removeprefix("file://"))
+    if p.is_file() and p.suffix == ".gguf":
+        try:
+            from conductor.policy.transformers_backend import converted_dir
+
+            conv = converted_dir(p)
+            if (conv / "config.json").is_file():
+                return conv, None
+        except ImportError:
+            pass
+        return p.parent, p.name
+    if p.is_dir() and (p / "config.json").is_file():
+        return p, None
+    raise TrainError(f"{spec}: not a checkpoint directory (no config.json) nor a .gguf file")
+
+
+def _ensure(p: Path) -> Path:
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def read_parent_lineage(spec: str) -> dict[str, Any]:
+    try:
+        local, gguf = resolve_model(spec)
+    except TrainError:
+        return {}
+    f = local / "lineage.json"
+    if gguf is None and f.is_file():
+        try:
+            return json.loads(f.read_text())
+        except ValueError:
+            return {}
+    return {}
+
+
+def _device_dtype(cfg: GRPOConfig) -> tuple[str, Any]:
+    import torch
+
+    device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if cfg.dtype == "auto":
+        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    else:
+        dtype = getattr(torch, cfg.dtype)
+    return device, dtype
+
+
+def load_policy(spec: str, cfg: GRPOConfig) -> tuple[Any, Any]:
+    """(model, tokenizer) ready to train: dtype/device per config, LoRA wrapped when ``lora_r > 0``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    local, gguf = resolve_model(spec)
+    device, dtype = _device_dtype(cfg)
+    kw = {"gguf_file": gguf} if gguf else {}
+    tokenizer = AutoTokenizer.from_pretrained(local, local_files_only=True, **kw)
+    model = AutoModelForCausalLM.from_pretrained(local, local_files_only=True, dtype=dtype, **kw)
+    if gguf:   # de-quantised weights are plain tensors; drop the GGUF marker so save_pretrained works
+        model.hf_quantizer = None
+        for obj in (model, model.config):
+            if hasattr(obj, "quantization_config"):
+                try:
+                    delattr(obj, "quantization_config")
+                except AttributeError:
+                    pass
+        try:
+            model.is_quantized = False
+        except AttributeError:      # a read-only property in some transformers versions
+            pass
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.to(device)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    if cfg.lora_r > 0:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                                                 target_modules=cfg.lora_target_modules, task_type="CAUSAL_LM"))
+    torch.manual_seed(cfg.seed)
+    return model, tokenizer
+
+
+# ------------------------------------------------------------------ tokenisation
+
+@dataclass
+class Encoded:
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    behaviour: list[float] | None
+    advantage: float
+    reward: float
+
+
+def render_prompt(tokenizer: Any, prompt: str, system_prompt: str | None = None) -> list[int]:
+    """Prompt token ids exactly as the transformers policy backend builds them (chat template, no extra specials)."""
+    messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
+        {"role": "user", "content": prompt}]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def encode(tokenizer: Any, s: Sample, cfg: GRPOConfig, system_prompt: str | None = None) -> Encoded:
+    p = render_prompt(tokenizer, s.prompt, system_prompt)[-cfg.max_prompt_tokens:]
+    if s.completion_token_ids:
+        c = list(s.completion_token_ids)
+    else:     # no stored ids: re-tokenise the text (no EOS is added: the stop reason is unknown)
+        c = list(tokenizer(s.completion, add_special_tokens=False)["input_ids"])
+    c = c[: cfg.max_completion_tokens]
+    b = s.behaviour_logprobs
+    behaviour = list(b[: len(c)]) if b and len(b) >= len(c) and s.completion_token_ids else None
+    return Encoded(p, c, behaviour, s.advantage, s.reward)
+
+
+def _batch(items: list[Encoded], pad_id: int, device: str) -> dict[str, Any]:
+    """Prompts left-padded and completions right-padded, so every completion starts at the same column."""
+    import torch
+
+    P = max(len(e.prompt_ids) for e in items)
+    C = max(len(e.completion_ids) for e in items)
+    ids, att, cmask = [], [], []
+    for e in items:
+        lp, lc = len(e.prompt_ids), len(e.completion_ids)
+        ids.append([pad_id] * (P - lp) + e.prompt_ids + e.completion_ids + [pad_id] * (C - lc))
+        att.append([0] * (P - lp) + [1] * (lp + lc) + [0] * (C - lc))
+        cmask.append([1] * lc + [0] * (C - lc))
+    input_ids = torch.tensor(ids, device=device)
+    attention = torch.tensor(att, device=device)
+    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": input_ids, "attention_mask": attention, "position_ids": position_ids,
+            "completion_ids": input_ids[:, P:], "completion_mask": torch.tensor(cmask, device=device, dtype=torch.bool),
+            "P": P, "C": C}
+
+
+def completion_logprobs(model: Any, batch: dict[str, Any], temperature: float) -> Any:
+    """Per-token log-probs of the completion tokens, (B, C), under logits / temperature."""
+    from trl.trainer.utils import selective_log_softmax
+
+    C = batch["C"]
+    kwargs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                  position_ids=batch["position_ids"], use_cache=False)
+    try:
+        logits = model(**kwargs, logits_to_keep=C + 1).logits      # only the positions that predict the completion
+    except TypeError:
+        logits = model(**kwargs).logits[:, -(C + 1):]
+    logits = logits[:, :C].float()
+    return selective_log_softmax(logits, batch["completion_ids"], temperature=temperature)
+
+
+# ------------------------------------------------------------------ the trainer
+
+class PolicyTrainer:
+    """Model + optimiser kept in memory across GRPO updates."""
+
+    def __init__(self, spec: str, config: GRPOConfig, *, system_prompt: str | None = None):
+        import torch
+
+        self.spec = spec
+        self.cfg = config
+        self.system_prompt = system_prompt
+        self.parent_lineage = read_parent_lineage(spec)
+        self.model, self.tokenizer = load_policy(spec, config)
+        self.device, _ = _device_dtype(config)
+        self.global_step = int(self.parent_lineage.get("global_step", 0))
+        self.iteration = int(self.parent_lineage.get("iteration", 0))
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=lr_at(self.global_step, config),
+                                           betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
+                                           weight_decay=config.weight_decay)
+        self._load_optimizer_state()
+        self.history: list[dict[str, Any]] = []
+        self.runs: list[str] = []
+        self.pools: list[str] = []
+        self.ref_model = None
+        if config.kl_beta > 0 and config.lora_r == 0:
+            import copy
+
+            self.ref_model = copy.deepcopy(self.model).eval()
+            for p in self.ref_model.parameters():
+                p.requires_grad_(False)
+
+    def _load_optimizer_state(self) -> None:
+        import torch
+
+        if not self.cfg.save_optimizer or self.cfg.lora_r > 0:
+            return
+        try:
+            local, gguf = resolve_model(self.spec)
+        except TrainError:
+            return
+        f = local / "optimizer.pt"
+        if gguf is None and f.is_file():
+            try:
+                self.optimizer.load_state_dict(torch.load(f, map_location=self.device, weights_only=True))
+            except (ValueError, RuntimeError, KeyError) as e:
+                raise TrainError(f"{f}: optimizer state does not match the model ({e})") from None
+
+    def _ref_logprobs(self, batch: dict[str, Any]) -> Any:
+        import torch
+
+        with torch.no_grad():
+            if self.ref_model is not None:
+                return completion_logprobs(self.ref_model, batch, self.cfg.temperature)
+            with self.model.disable_adapter():      # LoRA: the base model is the reference, for free
+                return completion_logprobs(self.model, batch, self.cfg.temperature)
+
+    def step(self, trajectories: Iterable[Any]) -> dict[str, Any]:
+        """One GRPO iteration over a rollout batch; returns metrics."""
+        import torch
+
+        t0 = time.time()
+        cfg = self.cfg
+        trajectories = list(trajectories)
+        samples, stats = build_samples(trajectories, cfg.recursion_first_round_scale, cfg.advantage_scale,
+                                       cfg.advantage_eps, cfg.advantage_ddof)
+        if not samples:
+            raise TrainError(f"no trainable samples in {stats.n_trajectories} trajectories "
+                             f"({stats.n_infra_failed} infra-failed, {stats.n_no_completion} without a completion)")
+        for t in trajectories:
+            if t.run_id and t.run_id not in self.runs:
+                self.runs.append(t.run_id)
+            if t.pool_id and t.pool_id not in self.pools:
+                self.pools.append(t.pool_id)
+        enc = [encode(self.tokenizer, s, cfg, self.system_prompt) for s in samples]
+        enc = [e for e in enc if e.completion_ids]
+        pad = self.tokenizer.pad_token_id
+        mb = cfg.micro_batch_size
+        # Behaviour log-probs missing (backend gave none): recompute under the current weights, so ratio = 1 now.
+        missing = [e for e in enc if e.behaviour is None and (e.advantage != 0 or cfg.kl_beta > 0)]
+        self.model.eval()
+        with torch.no_grad():
+            for i in range(0, len(missing), mb):
+                chunk = missing[i:i + mb]
+                b = _batch(chunk, pad, self.device)
+                lp = completion_logprobs(self.model, b, cfg.temperature)
+                for j, e in enumerate(chunk):
+                    e.behaviour = lp[j, : len(e.completion_ids)].tolist()
+        self.model.train()
+        rng = random.Random(cfg.seed * 1_000_003 + self.iteration)
+        agg: dict[str, float] = {"loss": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "approx_kl": 0.0, "kl_ref": 0.0}
+        n_tok_seen = 0
+        grad_norms, lrs = [], []
+        for _epoch in range(cfg.epochs):
+            order = list(range(len(enc)))
+            rng.shuffle(order)
+            k = cfg.optimizer_steps_per_batch
+            for part in range(k):
+                idx = order[part::k]
+                group = [enc[i] for i in idx]
+                if not group:
+                    continue
+                n_seqs = len(group)
+                n_tokens = sum(len(e.completion_ids) for e in group)
+                # A zero advantage gives exactly zero gradient when beta = 0: skip its forward pass,
+                # but keep it in the normalisers so the loss equals the full-batch loss.
+                active = [e for e in group if e.advantage != 0 or cfg.kl_beta > 0]
+                n_micro = max(1, math.ceil(n_seqs / mb))
+                lr = lr_at(self.global_step, cfg)
+                for g in self.optimizer.param_groups:
+                    g["lr"] = lr
+                self.optimizer.zero_grad(set_to_none=True)
+                step_loss = 0.0
+                for i in range(0, len(active), mb):
+                    chunk = active[i:i + mb]
+                    b = _batch(chunk, pad, self.device)
+                    logp = completion_logprobs(self.model, b, cfg.temperature)
+                    mask = b["completion_mask"]
+                    beh = torch.zeros_like(logp)
+                    for j, e in enumerate(chunk):
+                        beh[j, : len(e.behaviour)] = torch.tensor(e.behaviour, dtype=logp.dtype, device=logp.device)
+                    adv = torch.tensor([e.advantage for e in chunk], dtype=logp.dtype, device=logp.device)
+                    ref = self._ref_logprobs(b) if cfg.kl_beta > 0 else None
+                    from conductor.grpo.loss import aggregate, clipped_token_loss, loss_stats
+
+                    tl = clipped_token_loss(logp, beh, adv, cfg.clip_eps_low, cfg.clip_eps_high, ref, cfg.kl_beta)
+                    loss = aggregate(tl.loss, mask, cfg.loss_aggregation, n_seqs_total=n_seqs, n_tokens_total=n_tokens,
+                                     n_micro=n_micro, max_len=cfg.max_completion_tokens)
+                    if not torch.isfinite(loss):
+                        raise TrainError(f"non-finite loss at global step {self.global_step} (check lr and dtype)")
+                    loss.backward()
+                    step_loss += float(loss.detach())
+                    st = loss_stats(tl, mask, logp.detach(), beh)
+                    ntok = int(mask.sum())
+                    n_tok_seen += ntok
+                    for key in ("clip_fraction", "ratio_mean", "approx_kl"):
+                        agg[key] += st[key] * ntok
+                    agg["kl_ref"] += (st["kl_ref"] or 0.0) * ntok
+                params = [p for p in self.model.parameters() if p.requires_grad]
+                max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")
+                gn = torch.nn.utils.clip_grad_norm_(params, max_norm)
+                grad_norms.append(float(gn))
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.global_step += 1
+                lrs.append(lr)
+                agg["loss"] += step_loss
+        self.iteration += 1
+        n_updates = max(1, len(lrs))
+        rewards = [s.reward for s in samples]
+        metrics = {
+            "iteration": self.iteration, "global_step": self.global_step,
+            "loss": agg["loss"] / n_updates,
+            "reward_mean": sum(rewards) / len(rewards),
+            "accuracy": (sum(1 for t in trajectories if t.correct) /
+                         max(1, sum(1 for t in trajectories if t.reward is not None and not t.infra_failed))),
+            "advantage_abs_mean": sum(abs(s.advantage) for s in samples) / len(samples),
+            "clip_fraction": agg["clip_fraction"] / max(n_tok_seen, 1),
+            "ratio_mean": agg["ratio_mean"] / max(n_tok_seen, 1) if n_tok_seen else 1.0,
+            "approx_kl": agg["approx_kl"] / max(n_tok_seen, 1),
+            "kl_ref": agg["kl_ref"] / max(n_tok_seen, 1) if cfg.kl_beta > 0 else None,
+            "grad_norm": sum(grad_norms) / max(1, len(grad_norms)),
+            "lr": lrs[-1] if lrs else None,
+            "n_trajectories": stats.n_trajectories, "n_samples": stats.n_samples, "n_groups": stats.n_groups,
+            "n_zero_advantage_groups": stats.n_zero_advantage_groups, "n_infra_failed": stats.n_infra_failed,
+            "n_recomputed_behaviour": len(missing), "n_tokens": sum(len(e.completion_ids) for e in enc),
+            "time_s": round(time.time() - t0, 3),
+        }
+        self.history.append(metrics)
+        return metrics
+
+    def lineage(self, checkpoint_id: str, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+        import torch
+        import transformers
+
+        pl = self.parent_lineage
+        try:
+            import trl
+            trl_v = trl.__version__
+        except ImportError:  # pragma: no cover - trl is in the same extra
+            trl_v = None
+        return {
+            "checkpoint_id": checkpoint_id,
+            "parent": self.spec,
+            "parent_checkpoint_id": pl.get("checkpoint_id"),
+            "base_model": pl.get("base_model") or self.spec,
+            "rollout_run": self.runs[-1] if len(self.runs) == 1 else list(self.runs),
+            "pool_id": self.pools[0] if len(self.pools) == 1 else list(self.pools),
+            "iteration": self.iteration, "global_step": self.global_step,
+            "hyperparameters": self.cfg.to_json(),
+            "metrics": metrics if metrics is not None else (self.history[-1] if self.history else {}),
+            "history": self.history,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl_v},
+        }
+
+    def save(self, out: str, checkpoint_id: str | None = None, overwrite: bool = False) -> str:
+        """Write a HF checkpoint + tokenizer + lineage.json (+ optimizer.pt) to a local dir or fsspec URL, atomically."""
+        import torch
+
+        cid = checkpoint_id or out.rstrip("/").rsplit("/", 1)[-1]
+        remote = _is_remote(out)
+        if remote:
+            import fsspec
+
+            fs, rpath = fsspec.core.url_to_fs(out)
+            if fs.exists(f"{rpath.rstrip('/')}/lineage.json") and not overwrite:
+                raise TrainError(f"{out}: a checkpoint already exists there")
+            stage = Path(tempfile.mkdtemp(prefix=".ckpt-"))
+        else:
+            dest = Path(out.removeprefix("file://"))
+            if dest.exists() and not overwrite:
+                raise TrainError(f"{dest}: a checkpoint already exists there")
+            _ensure(dest.parent)
+            stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+        try:
+            model = self.model
+            if self.cfg.lora_r > 0 and self.cfg.lora_merge_on_save:
+                import copy
+
+                model = copy.deepcopy(self.model).merge_and_unload()
+            model.save_pretrained(stage)
+            self.tokenizer.save_pretrained(stage)
+            if self.cfg.save_optimizer and self.cfg.lora_r == 0:
+                torch.save(self.optimizer.state_dict(), stage / "optimizer.pt")
+            (stage / "lineage.json").write_text(json.dumps(self.lineage(cid), indent=1, default=str))
+            if remote:
+                lineage = stage / "lineage.json"
+                for f in sorted(stage.iterdir()):
+                    if f != lineage:
+                        fs.put(str(f), f"{rpath.rstrip('/')}/{f.name}", recursive=f.is_dir())
+                fs.put(str(lineage), f"{rpath.rstrip('/')}/lineage.json")   # last: marks a complete checkpoint
+                shutil.rmtree(stage, ignore_errors=True)
+            else:
+                if dest.exists():
+                    shutil.rmtree(dest)
+                os.rename(stage, dest)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        return out
+
+
+def grpo_step(model_dir_or_spec: str, trajectories: Iterable[Any], config: GRPOConfig | None = None, *,
+              out: str | None = None, checkpoint_id: str | None = None,
+              system_prompt: str | None = None) -> tuple[str, dict[str, Any]]:
+    """Load a checkpoint, run one GRPO iteration on ``trajectories``, save the child checkpoint.
+
+    ``out`` defaults to a sibling directory ``<parent>-it<N>`` (for a .gguf
+    parent: ``$CONDUCTOR_HOME/checkpoints/<name>-it<N>``). Returns (checkpoint path/URL, metrics).
+    """
+    cfg = config or GRPOConfig()
+    trainer = PolicyTrainer(model_dir_or_spec, cfg, system_prompt=system_prompt)
+    metrics = trainer.step(trajectories)
+    if out is None:
+        base = model_dir_or_spec.rstrip("/")
+        stem = base.rsplit("/", 1)[-1].removesuffix(".gguf").split("-it")[0]
+        if base.endswith(".gguf") or _is_remote(base):
+            from conductor.embedded import conductor_home
+
+            out = str(conductor_home() / "checkpoints" / f"{stem}-it{trainer.iteration:04d}")
+        else:
+            out = str(Path(base).parent / f"{stem}-it{trainer.iteration:04d}")
+    path = trainer.save(out, checkpoint_id)
+    return path, metrics

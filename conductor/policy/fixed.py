@@ -1,0 +1,37 @@
+"""A policy that always writes the same workflow: the single-worker baselines as conductor output.
+
+Running "worker i alone" through the very same pipeline (prompt, parse, execute,
+grade, lake) makes baselines and conductor runs comparable row for row, cost
+included. Spec: ``fixed:2`` (Model 2 answers the question directly).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from conductor.policy.base import Generation, GenerationParams
+from conductor.workflow import Step, Workflow
+
+DIRECT_SUBTASK = "Answer the user question. Follow its instructions on the answer format exactly."
+
+
+@dataclass
+class FixedWorkflowPolicy:
+    workflow: Workflow
+    name: str = "fixed"
+
+    @classmethod
+    def single_worker(cls, ordinal: int, subtask: str = DIRECT_SUBTASK) -> "FixedWorkflowPolicy":
+        """``fixed:i`` — one step, worker i, the question as the subtask.
+
+        >>> FixedWorkflowPolicy.single_worker(2).generate(["q"], 1, GenerationParams())[0][0].text.splitlines()[0]
+        'model_id = [2]'
+        """
+        return cls(Workflow((Step(ordinal, subtask, ()),)), name=f"fixed:{ordinal}")
+
+    def generate(self, prompts: list[str], n: int, params: GenerationParams) -> list[list[Generation]]:
+        text = self.workflow.render()
+        return [[Generation(text=text, finish_reason="stop") for _ in range(n)] for _ in prompts]
+
+    def close(self) -> None:
+        return None

@@ -1,0 +1,75 @@
+"""Serve the scheduled deployments from one long-lived process: ``python -m flows.serve``.
+
+WHY: the simplest production shape with no work pool and no container: this
+process registers the deployments (nightly retraining, scheduled answering) with
+the Prefect server named by ``PREFECT_API_URL``, and runs each scheduled flow run
+as a subprocess when it is due. Schedules and parameters come from
+``flows/deployments.py`` (``CONDUCTOR_*`` variables), overridable here:
+
+    export PREFECT_API_URL=$(bash infra/prefect-server.sh start)
+    python -m flows.serve                                   # both deployments, shipped schedules
+    python -m flows.serve --only scheduled-answering --cron scheduled-answering="*/30 * * * *" \\
+        --param scheduled-answering.questions=my_questions.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m flows.serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", action="append", default=[], metavar="NAME", help="serve only these deployments")
+    p.add_argument("--cron", action="append", default=[], metavar="NAME=EXPR", help="replace a deployment's schedule")
+    p.add_argument("--interval", action="append", default=[], metavar="NAME=SECONDS",
+                   help="run a deployment every SECONDS instead of on its cron schedule")
+    p.add_argument("--param", action="append", default=[], metavar="NAME.key=VALUE",
+                   help="set a flow parameter (VALUE parsed as YAML: 2, true, [a, b])")
+    p.add_argument("--limit", type=int, default=1, help="flow runs executed at once by this process (default 1)")
+    p.add_argument("--workdir", default=str(REPO),
+                   help="working directory of the flow runs; relative paths in parameters resolve here (default: the repo)")
+    p.add_argument("--skip-missing", action="store_true",
+                   help="serve the other deployments when a flow module does not exist (instead of failing)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from flows.deployments import DeploymentConfigError, apply_overrides, deployment_specs, to_runner_deployment
+
+    args = build_parser().parse_args(argv)
+    if not os.environ.get("PREFECT_API_URL"):
+        print("error: PREFECT_API_URL is not set; start a server with `bash infra/prefect-server.sh start` "
+              "and export the URL it prints", file=sys.stderr)
+        return 2
+    try:
+        specs = apply_overrides(deployment_specs(), only=args.only, cron=args.cron, interval=args.interval,
+                                params=args.param)
+        deployments = []
+        for spec in specs:
+            try:
+                deployments.append(to_runner_deployment(spec))
+            except DeploymentConfigError as e:
+                if not (args.skip_missing and "does not exist" in str(e)):
+                    raise
+                print(f"warning: {e}; not serving it", file=sys.stderr)
+    except DeploymentConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not deployments:
+        print("error: nothing to serve", file=sys.stderr)
+        return 2
+    os.chdir(args.workdir)
+    from prefect import serve
+
+    serve(*deployments, limit=args.limit)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

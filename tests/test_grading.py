@@ -1,0 +1,169 @@
+"""Every gold answer graded right when written the way models write it, wrong when perturbed;
+HumanEval canonical solutions pass in the sandbox and simple mutations fail."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conductor.datasets import load_dataset
+from conductor.grading import GradeResult, get_grader, grade_many
+from conductor.grading.code import CodeGrader
+from conductor.grading.mathverify import MathVerifyPool
+from conductor.grading.equivalence import MathGrader
+from conductor.questions import Question
+from conductor.sandbox import Limits, Sandbox
+
+
+def perturb(gold: str) -> str:
+    """Change the first digit (or append +1 when there is none)."""
+    m = re.search(r"\d", gold)
+    if not m:
+        return gold + "+1"
+    d = "8" if (m.start() == 0 and m.group() == "9") else str((int(m.group()) + 1) % 10)
+    return gold[:m.start()] + d + gold[m.end():]
+
+
+def _assert_all(questions, responses, want: bool):
+    results = grade_many(questions, responses)
+    bad = [(q.id, q.gold, r, res) for q, r, res in zip(questions, responses, results)
+           if res.correct is not want or res.error is not None]
+    assert not bad, f"{len(bad)} misgraded, e.g. {bad[:3]}"
+
+
+def _math_forms(g: str) -> list[str]:
+    return [f"<answer>{g}</answer>", f"So the final answer is $\\boxed{{{g}}}$.", f"Final answer: ${g}$",
+            f"Let me think.\n<answer>The answer is \\boxed{{{g}}}</answer>"]
+
+
+def _number_forms(g: str) -> list[str]:
+    n = int(g)
+    return [f"<answer>{g}</answer>", f"So the answer is $\\boxed{{{g}}}$.", f"She makes ${g} per day.\n#### {g}",
+            f"The answer is {n:,} dollars.", f"<answer>\\${n:,}</answer>", f"Final answer: {g} units",
+            f"Adding up gives {n}.", f"<answer>{g}.00</answer>"]
+
+
+@pytest.mark.parametrize("name", ["gsm8k_test", "aime24"])
+def test_numeric_golds_right_in_every_form_and_wrong_when_perturbed(name):
+    qs = load_dataset(name)
+    pairs = [(q, r) for q in qs for r in _number_forms(q.gold)]
+    _assert_all([p[0] for p in pairs], [p[1] for p in pairs], True)
+    _assert_all(qs, [f"The answer is {int(q.gold) + 1}." for q in qs], False)
+    _assert_all(qs, [f"<answer>{perturb(q.gold)}</answer>" for q in qs], False)
+
+
+def test_math500_golds_right_in_every_form():
+    qs = load_dataset("math500")
+    pairs = [(q, r) for q in qs for r in _math_forms(q.gold)]
+    _assert_all([p[0] for p in pairs], [p[1] for p in pairs], True)
+
+
+def test_math500_equivalent_rewrites_need_math_verify():
+    # different surface forms, same value: only a real equivalence check gets these right
+    cases = [("\\frac{14}{3}", "\\dfrac{14}{3}"), ("\\frac{1}{2}", "0.5"), ("2\\sqrt{2}", "\\sqrt{8}"),
+             ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\pi/2)"), ("x^2+2x+1", "(x+1)^2"),
+             ("\\{1,2\\}", "\\{2,1\\}"), ("10\\%", "10")]
+    qs = [Question(id=f"t/{i}", dataset="t", domain="math", prompt="", gold=g) for i, (g, _) in enumerate(cases)]
+    _assert_all(qs, [f"\\boxed{{{p}}}" for _, p in cases], True)
+
+
+def test_math500_golds_wrong_when_perturbed():
+    qs = load_dataset("math500")
+    _assert_all(qs, [f"The answer is $\\boxed{{{perturb(q.gold)}}}$." for q in qs], False)
+
+
+def test_mmlu_stem_golds_right_as_letter_or_text_and_wrong_otherwise():
+    qs = load_dataset("mmlu_stem")
+    right, wrong = [], []
+    for q in qs:
+        g = q.gold
+        text = q.choices["ABCD".index(g)]
+        forms = [f"<answer>{g}</answer>", f"The answer is ({g}).", f"Reasoning...\nAnswer: {g}. {text}",
+                 f"\\boxed{{{g}}}", f"**{g}**"]
+        # an option whose text is itself a letter (or repeats another option) cannot be named by text alone
+        if len(text.strip()) > 1 and sum(c.strip() == text.strip() for c in q.choices) == 1:
+            forms.append(f"<answer>{text}</answer>")
+        right += [(q, f) for f in forms]
+        other = "ABCD"[("ABCD".index(g) + 1) % 4]
+        wrong += [(q, f"<answer>{other}</answer>"), (q, f"The answer is ({other}).")]
+    _assert_all([p[0] for p in right], [p[1] for p in right], True)
+    _assert_all([p[0] for p in wrong], [p[1] for p in wrong], False)
+
+
+def test_mcq_accepts_index_gold_and_option_text():
+    grader = get_grader("mcq")
+    gold = {"gold": 1, "choices": ["London", "Paris", "Rome"]}
+    assert grader.grade(gold, "It is Paris.").correct
+    assert grader.grade(gold, "<answer>b</answer>").correct
+    assert not grader.grade(gold, "<answer>Rome</answer>").correct
+    assert grader.grade(gold, "I cannot tell") == GradeResult(False, "I cannot tell", None, "no option found")
+
+
+def test_unparseable_answer_is_wrong_not_error():
+    res = get_grader("math").grade("42", "")
+    assert res.correct is False and res.extracted is None and res.error is None
+
+
+def test_math_verify_timeout_is_enforced_and_pool_recovers():
+    pool = MathVerifyPool(workers=1, timeout=0.5)
+    try:
+        grader = MathGrader(pool, timeout=0.5)
+        hard = "\\boxed{" + "+".join(f"x^{{{i}}}" for i in range(300)) + "}"
+        res = grader.grade("\\sin(x)^{" + "9" * 20 + "}", hard)
+        assert res.error is None or "timed out" in res.error
+        assert grader.grade("\\frac{1}{3}", "\\boxed{\\frac{2}{6}}").correct   # the pool still works
+        verdicts = pool.check_many([("\\sqrt{2}", "2^{1/2}"), ("\\sqrt{2}", "2^{1/3}")], timeout=30)
+        assert verdicts == [(True, None), (False, None)]
+    finally:
+        pool.close()
+
+
+@pytest.fixture(scope="module")
+def humaneval():
+    return load_dataset("humaneval")
+
+
+def _code_results(grader: CodeGrader, qs: list[Question], responses: list[str]) -> list[GradeResult]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=grader.sandbox.max_parallel * 2) as ex:
+        return list(ex.map(lambda p: grader.grade(*p), zip(qs, responses)))
+
+
+def test_humaneval_canonical_solutions_pass_and_mutations_fail(humaneval):
+    assert len(humaneval) == 164
+    grader = CodeGrader(Sandbox(Limits(wall_s=10)))
+    canonical = [f"```python\n{q.metadata['function_prompt']}{q.metadata['canonical_solution']}```" for q in humaneval]
+    results = _code_results(grader, humaneval, canonical)
+    failed = [(q.id, r) for q, r in zip(humaneval, results) if not r.correct]
+    assert not failed, failed[:3]
+    # body-only completions (the HumanEval convention) get the prompt put in front
+    assert grader.grade(humaneval[0], humaneval[0].metadata["canonical_solution"]).correct
+
+    stub = [f"```python\n{q.metadata['function_prompt']}    return None\n```" for q in humaneval]
+    assert not [q.id for q, r in zip(humaneval, _code_results(grader, humaneval, stub)) if r.correct]
+
+    flips = {" < ": " >= ", " > ": " <= ", " == ": " != ", " + ": " - ", " - ": " + ", "True": "False"}
+    mutated, idx = [], []
+    for i, q in enumerate(humaneval):
+        sol = q.metadata["canonical_solution"]
+        for a, b in flips.items():
+            if a in sol:
+                mutated.append(f"```python\n{q.metadata['function_prompt']}{sol.replace(a, b, 1)}```")
+                idx.append(i)
+                break
+    res = _code_results(grader, [humaneval[i] for i in idx], mutated)
+    killed = sum(not r.correct for r in res)
+    assert len(idx) >= 100 and killed / len(idx) >= 0.9, (killed, len(idx))
+
+
+def test_stdin_stdout_tests():
+    grader = CodeGrader(Sandbox(Limits(wall_s=5)))
+    q = {"tests": [{"input": "2 3\n", "output": "5\n"}, {"input": "10 -4\n", "output": "6"}]}
+    assert grader.grade(q, "```python\na, b = map(int, input().split())\nprint(a + b)\n```").correct
+    res = grader.grade(q, "```python\na, b = map(int, input().split())\nprint(a * b)\n```")
+    assert not res.correct and res.detail == "test 0: wrong output"
+    res = grader.grade(q, "```python\nimport sys\nsys.exit(3)\n```")
+    assert not res.correct and res.error is None and res.detail.startswith("test 0: error")
+    assert grader.grade({"tests": [{"input": "1"}]}, "print(1)").error is not None
