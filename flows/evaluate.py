@@ -43,8 +43,12 @@ def compare_runs(lake: str, candidate_run: str, champion_run: str, candidate_id:
 def evaluate_flow(candidate: str, champion: str, questions: str, pool: str, lake: str, out: str,
                   samples: int = 4, seed: int = 0, temperature: float = 0.7, max_tokens: int = 1024,
                   k: int | None = None, heldout_workers: list[str] | None = None, limit: int | None = None,
-                  cache: str | None = None, shard_size: int = 4) -> dict[str, Any]:
-    """Compare ``candidate`` with ``champion`` (conductor specs); returns {"main": report, "heldout": report?}."""
+                  cache: str | None = None, shard_size: int = 4, candidate_id: str | None = None,
+                  champion_id: str | None = None) -> dict[str, Any]:
+    """Compare ``candidate`` with ``champion`` (conductor specs).
+
+    Returns {"reports": {"main": report, "heldout": report?}, "runs": {"main": {checkpoint id: eval run id}, ...}}.
+    """
     from conductor.evaluation import EvalReport
     from conductor.pool import load_pool
     from conductor.runtime import checkpoint_of
@@ -52,7 +56,9 @@ def evaluate_flow(candidate: str, champion: str, questions: str, pool: str, lake
 
     log = get_run_logger()
     manifest = load_pool(pool)
-    cand_id, champ_id = checkpoint_of(candidate), checkpoint_of(champion)
+    cand_id, champ_id = candidate_id or checkpoint_of(candidate), champion_id or checkpoint_of(champion)
+    if cand_id == champ_id:
+        raise ValueError(f"candidate and champion are the same checkpoint ({cand_id}); nothing to compare")
     setups: dict[str, tuple[str, int | None]] = {"main": (pool, k)}
     if heldout_workers:
         held = manifest.model_copy(update={"pool_id": f"{manifest.pool_id}-heldout",
@@ -61,6 +67,7 @@ def evaluate_flow(candidate: str, champion: str, questions: str, pool: str, lake
         atomic_write_text(held_path, held.model_dump_json())
         setups["heldout"] = (str(held_path), None)
     reports: dict[str, Any] = {}
+    all_runs: dict[str, dict[str, str]] = {}
     for name, (pool_path, kk) in setups.items():
         config = (questions, limit, pool_path if name == "main" else manifest.fingerprint + "-heldout", kk, samples,
                   seed, temperature, max_tokens)
@@ -69,10 +76,12 @@ def evaluate_flow(candidate: str, champion: str, questions: str, pool: str, lake
             run = eval_run_id(cid, *config)
             rollout_flow(questions=questions, lake=lake, pool=pool_path, conductor=spec, run_id=run,
                          group_size=samples, k=kk, seed=seed, temperature=temperature, max_tokens=max_tokens,
-                         limit=limit, shard_size=shard_size, cache=cache, kind="eval")
+                         limit=limit, shard_size=shard_size, cache=cache, kind="eval", checkpoint_id=cid)
             runs[cid] = run
         report = compare_runs(lake, runs[cand_id], runs[champ_id], cand_id, champ_id, seed=seed)
         reports[name] = report
+        all_runs[name] = runs
         log.info("evaluation (%s pool):\n%s", name, EvalReport.from_json(report).render())
-    atomic_write_text(Path(out) / "evaluation.json", json.dumps(reports, indent=2, default=str))
-    return reports
+    result = {"reports": reports, "runs": all_runs}
+    atomic_write_text(Path(out) / "evaluation.json", json.dumps(result, indent=2, default=str))
+    return result

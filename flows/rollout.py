@@ -42,8 +42,8 @@ def on_dask(flow_fn: Any, address: str | None = None, n_workers: int = 2) -> Any
 @flow(name="conductor-rollout", persist_result=False)
 def rollout_flow(questions: str, lake: str, pool: str, conductor: str, run_id: str, group_size: int = 8,
                  k: int | None = None, seed: int = 0, temperature: float = 1.0, max_tokens: int = 1024,
-                 recursion_depth: int = 0, limit: int | None = None, shard_size: int = 4,
-                 cache: str | None = None, kind: str = "rollout") -> dict[str, Any]:
+                 recursion_depth: int = 0, limit: int | None = None, offset: int = 0, shard_size: int = 4,
+                 cache: str | None = None, kind: str = "rollout", checkpoint_id: str | None = None) -> dict[str, Any]:
     """Write one rollout run (GRPO groups) to the lake; returns counts and mean reward."""
     from conductor.pool import load_pool
     from conductor.questions import sharded
@@ -52,9 +52,12 @@ def rollout_flow(questions: str, lake: str, pool: str, conductor: str, run_id: s
     from conductor.summary import run_summary
 
     log = get_run_logger()
-    qs = load_questions(questions, limit)
+    qs = load_questions(questions)
+    if offset or limit is not None:  # a window over the set, wrapping around (iteration i of a training mix)
+        n = limit if limit is not None else len(qs)
+        qs = [qs[(offset + j) % len(qs)] for j in range(min(n, len(qs)))] if qs else []
     manifest = load_pool(pool)
-    spec = rollout_spec(run_id, manifest, checkpoint_of(conductor), group_size, k, seed, temperature, max_tokens,
+    spec = rollout_spec(run_id, manifest, checkpoint_id or checkpoint_of(conductor), group_size, k, seed, temperature, max_tokens,
                         recursion_depth, kind)
     shards = list(sharded(qs, shard_size))
     log.info("%s run %s: %d questions x %d samples in %d shards", kind, run_id, len(qs), group_size, len(shards))

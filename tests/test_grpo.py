@@ -239,25 +239,24 @@ def test_kl_against_the_reference_is_reported_when_beta_is_set(tiny):
 
 
 def _smollm2_checkpoint() -> Path | None:
-    """The converted SmolLM2-135M checkpoint (made once from the embedded GGUF by the transformers backend)."""
+    """SmolLM2-135M as a HF checkpoint, converted once from the embedded GGUF (cached under $CONDUCTOR_HOME/hf)."""
     try:
         from conductor.embedded import installed
-        from conductor.policy.transformers_backend import converted_dir
     except ImportError:
         return None
     gguf = installed().get("smollm2-135m-instruct")
     if gguf is None:
         return None
-    conv = converted_dir(gguf)
-    return conv if (conv / "config.json").is_file() else None
+    from conductor.grpo.trainer import ensure_hf_checkpoint
+
+    return ensure_hf_checkpoint(gguf)
 
 
 def test_real_grpo_step_on_smollm2_135m(tmp_path):
     """A real GRPO step on SmolLM2-135M (transformers, CPU, fp32): weights change, loss finite, lineage written."""
     ckpt = _smollm2_checkpoint()
     if ckpt is None:
-        pytest.skip("SmolLM2-135M not installed/converted: run `python -m conductor.embedded smollm2-135m-instruct` "
-                    "and load it once with conductor.policy.transformers_backend.TransformersBackend.load")
+        pytest.skip("SmolLM2-135M not installed: run `python -m conductor.embedded smollm2-135m-instruct`")
     from safetensors.torch import load_file
 
     from conductor.grpo.trainer import grpo_step

@@ -190,8 +190,12 @@ def test_report_renders_markdown_and_plots(lake, tmp_path):
 
 
 def test_report_cli(lake, tmp_path):
-    r = _cli("report", "--lake", lake, "--out", str(tmp_path / "out"))
-    assert r.returncode == 0, r.stderr
+    from typer.testing import CliRunner
+
+    from conductor.cli import app
+
+    r = CliRunner().invoke(app, ["report", "--lake", lake, "--out", str(tmp_path / "out"), "--kind", "eval"])
+    assert r.exit_code == 0, r.stderr
     paths = [Path(p) for p in r.stdout.split()]
     assert paths[0].name == "report.md" and len(paths) == 5
     for p in paths[1:]:

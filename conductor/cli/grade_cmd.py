@@ -22,7 +22,7 @@ def _verdict(correct: bool, extracted: str | None, error: str | None) -> str:
     return json.dumps({"correct": correct, "extracted": extracted, "error": error}, ensure_ascii=False)
 
 
-def grade_line(line: str, lineno: int, where: str) -> str:
+def grade_line(line: str, lineno: int, where: str, code_grader: Any = None) -> str:
     """One input line -> one output JSON line (never raises for bad input)."""
     from conductor.grading import as_question, get_grader
 
@@ -45,7 +45,8 @@ def grade_line(line: str, lineno: int, where: str) -> str:
         return _verdict(False, None, f"{where}:{lineno}: field 'gold' is required for kind {kind!r}")
     try:
         question = as_question(obj, _KIND_DOMAIN[kind])
-        result = get_grader(kind).grade(question, response)
+        grader = code_grader if kind == "code" and code_grader is not None else get_grader(kind)
+        result = grader.grade(question, response)
     except Exception as exc:  # a grader bug must not lose the other lines
         return _verdict(False, None, f"{where}:{lineno}: {type(exc).__name__}: {exc}")
     error = f"{where}:{lineno}: {result.error}" if result.error else None
@@ -56,10 +57,18 @@ def grade_line(line: str, lineno: int, where: str) -> str:
 def grade_cmd(
     file: str = typer.Argument(..., help="JSONL file of {kind, gold, response, tests, entry_point}; '-' for stdin"),
     workers: int = typer.Option(0, help="lines graded in parallel (0 = number of cores)"),
+    timeout: float = typer.Option(10.0, help="wall-clock seconds per sandboxed code run"),
 ) -> None:
     """Grade model responses; print one {"correct", "extracted", "error"} JSON line per input line."""
     import os
     from concurrent.futures import ThreadPoolExecutor
+
+    from conductor.grading.code import CodeGrader
+    from conductor.sandbox import Limits
+
+    if timeout <= 0:
+        fail(f"--timeout must be > 0, got {timeout}")
+    code_grader = CodeGrader(limits=Limits(wall_s=timeout))
 
     if file == "-":
         lines, where = sys.stdin.read().splitlines(), "<stdin>"
@@ -73,5 +82,5 @@ def grade_cmd(
             fail(f"{file}: not UTF-8 text ({exc.reason})")
     numbered = [(i, ln) for i, ln in enumerate(lines, 1) if ln.strip()]
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as ex:
-        for out in ex.map(lambda p: grade_line(p[1], p[0], where), numbered):
+        for out in ex.map(lambda p: grade_line(p[1], p[0], where, code_grader), numbered):
             typer.echo(out)

@@ -153,6 +153,34 @@ def load_policy(spec: str, cfg: GRPOConfig) -> tuple[Any, Any]:
     return model, tokenizer
 
 
+def ensure_hf_checkpoint(gguf_path: str | Path) -> Path:
+    """A trainable HF checkpoint for a .gguf file: de-quantised once, cached where the transformers
+    backend looks (``converted_dir``), written atomically. Training from the GGUF directly works too but
+    de-quantises on every load (about a minute for SmolLM2-135M on two cores)."""
+    from conductor.policy.transformers_backend import converted_dir
+
+    gguf = Path(gguf_path)
+    if not gguf.is_file():
+        raise TrainError(f"{gguf}: no such GGUF file")
+    dest = converted_dir(gguf)
+    if (dest / "config.json").is_file():
+        return dest
+    model, tok = load_policy(str(gguf), GRPOConfig(device="cpu", dtype="float32"))
+    _ensure(dest.parent)
+    stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        model.save_pretrained(stage)
+        tok.save_pretrained(stage)
+        if (dest / "config.json").is_file():      # another process won the race
+            shutil.rmtree(stage, ignore_errors=True)
+        else:
+            os.rename(stage, dest)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return dest
+
+
 # ------------------------------------------------------------------ tokenisation
 
 @dataclass

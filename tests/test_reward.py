@@ -1,0 +1,64 @@
+"""The paper's reward on real trajectories: 0 / 0.5 / 1, None for infrastructure failures."""
+
+from __future__ import annotations
+
+from conductor.datasets import load_dataset
+from conductor.questions import Question
+from conductor.reward import PAPER, RewardScheme, recursion_round_rewards, reward, score_trajectory
+from conductor.trajectory import Round, Trajectory
+
+
+def _traj(final: str | None, status: str = "ok", rounds: list[Round] | None = None, **kw) -> Trajectory:
+    return Trajectory(trajectory_id="t", run_id="r", kind="rollout", question_id="q", dataset="d", domain="math",
+                      question="?", rounds=rounds or [Round(depth=0, prompt="p", completion="c", parse_status=status)],
+                      final_answer=final, **kw)
+
+
+Q = Question(id="gsm8k/test/0", dataset="gsm8k_test", domain="math", prompt="?", gold="18",
+             metadata={"grader": "numeric"})
+
+
+def test_scheme_values():
+    assert (reward(True, True), reward(True, False), reward(False, None)) == (1.0, 0.5, 0.0)
+    assert reward(True, True, infra_failed=True) is None
+    custom = RewardScheme(unparseable=-1, wrong=0, correct=2)
+    assert (reward(False, None, scheme=custom), reward(True, False, scheme=custom)) == (-1, 0)
+
+
+def test_score_correct_wrong_unparseable_and_infra():
+    t = score_trajectory(_traj("She earns $18 a day.\n<answer>$18</answer>"), Q)
+    assert (t.correct, t.reward, t.extracted_answer) == (True, 1.0, "$18")
+    t = score_trajectory(_traj("<answer>17</answer>"), Q)
+    assert (t.correct, t.reward) == (False, 0.5)
+    t = score_trajectory(_traj("I do not know"), Q)
+    assert (t.correct, t.reward) == (False, 0.5)          # well-formed workflow, no answer: wrong, not unparseable
+    t = score_trajectory(_traj(None, status="parse_error"), Q)
+    assert (t.correct, t.reward) == (False, 0.0)
+    t = score_trajectory(_traj("<answer>18</answer>", infra_failed=True, infra_cause="rate_limited"), Q)
+    assert t.reward is None and t.correct is None
+
+
+def test_grader_failure_is_infra_not_zero():
+    bad = Question(id="x/t/0", dataset="x", domain="code", prompt="?", tests=None)
+    t = score_trajectory(_traj("```python\nprint(1)\n```"), bad)
+    assert t.reward is None and t.infra_failed and t.infra_cause.startswith("grading:")
+
+
+def test_real_math500_and_mcq_questions():
+    q = load_dataset("math500", limit=1)[0]
+    assert score_trajectory(_traj("$\\boxed{(3, \\frac{\\pi}{2})}$"), q).reward == 1.0
+    m = load_dataset("mmlu_stem", limit=1)[0]
+    assert score_trajectory(_traj("The answer is (C)"), m).reward == 1.0
+    assert score_trajectory(_traj("The answer is (A)"), m).reward == 0.5
+
+
+def test_recursion_rounds_get_per_round_rewards_with_first_scaled():
+    rounds = [Round(depth=0, prompt="p", completion="c", parse_status="ok", final_answer="<answer>17</answer>"),
+              Round(depth=1, prompt="p", completion="c", parse_status="ok", final_answer="<answer>18</answer>")]
+    t = score_trajectory(_traj("<answer>18</answer>", rounds=rounds), Q)
+    assert t.reward == 1.0 and t.round_rewards == [0.125, 1.0]
+    kept = [rounds[0], Round(depth=1, prompt="p", completion="[] [] []", parse_status="ok", kept_previous=True)]
+    t = score_trajectory(_traj("<answer>17</answer>", rounds=kept), Q)
+    assert t.reward == 0.5 and t.round_rewards == [0.125, 0.5]
+    assert recursion_round_rewards([1.0, 1.0], RewardScheme(first_round_scale=0.2)) == [0.2, 1.0]
+    assert PAPER.first_round_scale == 0.25
