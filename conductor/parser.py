@@ -33,6 +33,7 @@ class ParseError:
 
     field: str      # model_id | subtasks | access_list | workflow | input
     reason: str
+    status: Literal["parse_error", "invalid"] = "invalid"   # unreadable lists vs lists that break a rule
 
     @property
     def message(self) -> str:
@@ -69,20 +70,20 @@ def parse_workflow(text: Any, n_workers: int | None = None, max_steps: int = DEF
     except WorkflowError as e:
         return ParseError(e.field, e.reason)
     except Exception as e:  # a parser bug must still not crash a training run
-        return ParseError("input", f"unparseable ({type(e).__name__})")
+        return ParseError("input", f"unparseable ({type(e).__name__})", "parse_error")
 
 
 def _parse(text: Any, n_workers: int | None, max_steps: int, allow_empty: bool, access_mode: str) -> Workflow | ParseError:
     if not isinstance(text, str):
-        return ParseError("input", f"expected text, got {type(text).__name__}")
+        return ParseError("input", f"expected text, got {type(text).__name__}", "parse_error")
     spans = max((find_lists(c) for c in _candidates(text)), key=len)
     raw: dict[str, Any] = {}
     for name in LISTS:
         if name not in spans:
-            return ParseError(name, f"no `{name} = [...]` list found")
+            return ParseError(name, f"no `{name} = [...]` list found", "parse_error")
         value = literal(spans[name])
         if isinstance(value, ParseError):
-            return ParseError(name, value.reason)
+            return ParseError(name, value.reason, "parse_error")
         raw[name] = value
     ids = [_model_ref(i, v) for i, v in enumerate(raw["model_id"])]
     for r in ids:

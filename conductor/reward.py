@@ -72,6 +72,8 @@ def score_trajectory(traj: Trajectory, question: Question, scheme: RewardScheme 
     from conductor.grading import grade
 
     well_formed = traj.parse_status == "ok"
+    if traj.gold is None and question.gold is not None:
+        traj.gold = question.gold
     if traj.infra_failed:
         traj.correct, traj.reward = None, None
         return traj

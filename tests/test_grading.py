@@ -4,6 +4,7 @@ HumanEval canonical solutions pass in the sandbox and simple mutations fail."""
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -106,13 +107,14 @@ def test_unparseable_answer_is_wrong_not_error():
 
 
 def test_math_verify_timeout_is_enforced_and_pool_recovers():
-    pool = MathVerifyPool(workers=1, timeout=0.5)
+    pool = MathVerifyPool(workers=1, timeout=1.0)
     try:
-        grader = MathGrader(pool, timeout=0.5)
-        hard = "\\boxed{" + "+".join(f"x^{{{i}}}" for i in range(300)) + "}"
-        res = grader.grade("\\sin(x)^{" + "9" * 20 + "}", hard)
-        assert res.error is None or "timed out" in res.error
-        assert grader.grade("\\frac{1}{3}", "\\boxed{\\frac{2}{6}}").correct   # the pool still works
+        grader = MathGrader(pool, timeout=1.0)
+        started = time.monotonic()
+        res = grader.grade("1", "\\boxed{9^{9^{9^{9}}}}")     # sympy tries to evaluate a tower of powers
+        assert res.correct is False and res.error == "math-verify timed out after 1s"
+        assert time.monotonic() - started < 60
+        assert grader.grade("\\frac{1}{3}", "\\boxed{\\frac{2}{6}}").correct   # replaced worker still works
         verdicts = pool.check_many([("\\sqrt{2}", "2^{1/2}"), ("\\sqrt{2}", "2^{1/3}")], timeout=30)
         assert verdicts == [(True, None), (False, None)]
     finally:

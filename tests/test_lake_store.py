@@ -170,3 +170,13 @@ def test_incompatible_schema_is_refused_naming_file_and_column(tmp_path):
     msg = str(e.value)
     assert path in msg and "column reward: file has string, schema expects double" in msg and "\n" not in msg
     assert scan(str(tmp_path), run_id="r1").collect().height == 2   # other partitions are still readable
+
+
+def test_every_column_is_documented():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "schema.md").read_text()
+    assert f"(version {SCHEMA_VERSION})" in doc
+    for schema in (TRAJECTORIES_SCHEMA, CALLS_SCHEMA):
+        missing = [n for n in schema.names if f"`{n}`" not in doc]
+        assert not missing, f"columns missing from docs/schema.md: {missing}"

@@ -110,3 +110,16 @@ def test_binary_mode_refuses_indices():
 def test_parse_error_is_falsy_and_names_the_list():
     err = parse_workflow("model_id = [0]\nsubtasks = ['x']\naccess_list = [['sometimes']]")
     assert not err and err.field == "access_list" and "entry 0" in err.reason
+
+
+@pytest.mark.parametrize("text, status", [
+    ("no lists at all", "parse_error"),
+    ("model_id = [0, 1\nsubtasks = ['a']\naccess_list = [[]]", "parse_error"),
+    ("model_id = [0]\nsubtasks = [Solve it]\naccess_list = [[]]", "parse_error"),
+    ("model_id = [7]\nsubtasks = ['a']\naccess_list = [[]]", "invalid"),
+    ("model_id = [0, 1]\nsubtasks = ['a']\naccess_list = [[], []]", "invalid"),
+    ("model_id = [0]\nsubtasks = ['a']\naccess_list = [[0]]", "invalid"),
+])
+def test_status_separates_unreadable_from_rule_breaking(text, status):
+    err = parse_workflow(text, n_workers=3)
+    assert isinstance(err, ParseError) and err.status == status, err

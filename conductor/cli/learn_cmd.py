@@ -1,0 +1,110 @@
+"""`conductor rollout | evaluate | nightly`: the learning flows from the command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from conductor.cli import app, fail
+
+
+def _check_pool(pool: Path) -> None:
+    from conductor.pool import PoolError, load_pool
+
+    try:
+        load_pool(pool)
+    except PoolError as e:
+        fail(str(e))
+
+
+@app.command("rollout")
+def rollout_cmd(
+    questions: str = typer.Argument(..., help="Training questions: dataset names with limits or a file."),
+    lake: str = typer.Option(..., "--lake", help="Lake root (local path or s3://)."),
+    pool: Path = typer.Option(..., "--pool", help="Worker pool manifest."),
+    conductor: str = typer.Option(..., "--conductor", help="Policy spec, e.g. transformers:CKPT_DIR or vllm:CKPT_DIR."),
+    run_id: str = typer.Option(..., "--run-id", help="Rollout run id (rerunning it resumes)."),
+    group_size: int = typer.Option(8, "--group-size", min=1, help="GRPO group size G (samples per question)."),
+    k: int = typer.Option(None, "--k", min=1, help="Randomized k-of-n sub-pools per question."),
+    seed: int = typer.Option(0, "--seed"),
+    temperature: float = typer.Option(1.0, "--temperature", min=0.0),
+    max_tokens: int = typer.Option(1024, "--max-tokens", min=16),
+    limit: int = typer.Option(None, "--limit", min=1),
+    shard_size: int = typer.Option(4, "--shard-size", min=1),
+    dask: str = typer.Option(None, "--dask", help="Run shards on a Dask cluster: its address, or 'local:N' for N local workers."),
+) -> None:
+    """Sample GRPO groups with the conductor, execute, score, and write them to the lake."""
+    from flows.rollout import on_dask, rollout_flow
+
+    _check_pool(pool)
+    fn = rollout_flow
+    if dask:
+        fn = on_dask(rollout_flow, n_workers=int(dask.split(":", 1)[1])) if dask.startswith("local:") else on_dask(rollout_flow, dask)
+    out = fn(questions=questions, lake=lake, pool=str(pool), conductor=conductor, run_id=run_id, group_size=group_size,
+             k=k, seed=seed, temperature=temperature, max_tokens=max_tokens, limit=limit, shard_size=shard_size)
+    typer.echo(json.dumps(out, indent=2, default=str))
+
+
+@app.command("evaluate")
+def evaluate_cmd(
+    candidate: str = typer.Option(..., "--candidate", help="Candidate policy spec."),
+    champion: str = typer.Option("champion", "--champion", help="Champion policy spec (default: the registry's)."),
+    questions: str = typer.Argument(..., help="Held-out questions."),
+    pool: Path = typer.Option(..., "--pool"),
+    lake: str = typer.Option(..., "--lake"),
+    out: Path = typer.Option(..., "--out", help="Where evaluation.json goes."),
+    samples: int = typer.Option(4, "--samples", min=1, help="Repeated samples per question."),
+    seed: int = typer.Option(0, "--seed"),
+    limit: int = typer.Option(None, "--limit", min=1),
+    heldout: str = typer.Option(None, "--heldout-workers", help="Comma-separated workers forming a held-out sub-pool."),
+) -> None:
+    """Candidate vs champion on the same questions, pool and seeds; paired statistics per domain."""
+    from conductor.evaluation import EvalReport
+    from flows.evaluate import evaluate_flow
+
+    _check_pool(pool)
+    res = evaluate_flow(candidate=candidate, champion=champion, questions=questions, pool=str(pool), lake=lake,
+                        out=str(out), samples=samples, seed=seed, limit=limit,
+                        heldout_workers=heldout.split(",") if heldout else None)
+    for name, rep in res["reports"].items():
+        typer.echo(f"== {name} pool ==\n{EvalReport.from_json(rep).render()}")
+
+
+@app.command("nightly")
+def nightly_cmd(
+    pool: Path = typer.Option(..., "--pool", help="Worker pool manifest."),
+    train_questions: str = typer.Option(..., "--train", help="Training mix, e.g. gsm8k_train:200,mmlu:200."),
+    eval_questions: str = typer.Option(..., "--eval", help="Held-out evaluation questions."),
+    work_dir: Path = typer.Option(..., "--work-dir", help="Lake, checkpoints, cache, registry and reports live here."),
+    base: str = typer.Option(..., "--base", help="Checkpoint to start from when there is no champion."),
+    registry: str = typer.Option(None, "--registry", help="Registry root or mlflow+URI#model (default WORK_DIR/registry)."),
+    night: str = typer.Option(None, "--night", help="Night tag (default today, UTC); rerunning a night resumes it."),
+    iterations: int = typer.Option(2, "--iterations", min=1),
+    questions_per_iteration: int = typer.Option(4, "--questions-per-iteration", min=1),
+    group_size: int = typer.Option(8, "--group-size", min=2),
+    eval_samples: int = typer.Option(2, "--eval-samples", min=1),
+    eval_limit: int = typer.Option(None, "--eval-limit", min=1),
+    max_tokens: int = typer.Option(1024, "--max-tokens", min=16),
+    grpo: str = typer.Option(None, "--grpo", help="GRPO config overrides as JSON, e.g. '{\"learning_rate\": 1e-5}'."),
+    force: bool = typer.Option(False, "--force", help="Retrain even if the pool is unchanged."),
+    max_calls: int = typer.Option(None, "--max-calls", min=1),
+    max_dollars: float = typer.Option(None, "--max-dollars", min=0.0),
+    max_hours: float = typer.Option(None, "--max-hours", min=0.0),
+    backend: str = typer.Option("transformers", "--backend", help="Rollout backend for checkpoints: transformers or vllm."),
+) -> None:
+    """Retrain when the pool changed: rollouts -> GRPO x N, evaluate, promote if significantly better, report."""
+    from flows.nightly import nightly_flow
+
+    _check_pool(pool)
+    try:
+        overrides = json.loads(grpo) if grpo else None
+    except json.JSONDecodeError as e:
+        fail(f"--grpo: not JSON: {e.msg} at column {e.colno}")
+    res = nightly_flow(pool=str(pool), train_questions=train_questions, eval_questions=eval_questions,
+                       work_dir=str(work_dir), base=base, registry=registry, night=night, iterations=iterations,
+                       questions_per_iteration=questions_per_iteration, group_size=group_size, eval_samples=eval_samples,
+                       eval_limit=eval_limit, max_tokens=max_tokens, grpo=overrides, force=force, max_calls=max_calls,
+                       max_dollars=max_dollars, max_hours=max_hours, backend=backend)
+    typer.echo(json.dumps({k: res.get(k) for k in ("night", "status", "why", "stopped", "decision", "report")}, indent=2, default=str))
