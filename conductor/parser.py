@@ -76,7 +76,23 @@ def parse_workflow(text: Any, n_workers: int | None = None, max_steps: int = DEF
 def _parse(text: Any, n_workers: int | None, max_steps: int, allow_empty: bool, access_mode: str) -> Workflow | ParseError:
     if not isinstance(text, str):
         return ParseError("input", f"expected text, got {type(text).__name__}", "parse_error")
-    spans = max((find_lists(c) for c in _candidates(text)), key=len)
+    best: tuple[int, ParseError] | None = None
+    for candidate in _candidates(text):
+        spans = find_lists(candidate)
+        try:
+            result = _from_spans(spans, n_workers, max_steps, allow_empty, access_mode)
+        except WorkflowError as e:
+            result = ParseError(e.field, e.reason)
+        if isinstance(result, Workflow):
+            return result
+        if best is None or len(spans) > best[0]:
+            best = (len(spans), result)
+    assert best is not None
+    return best[1]
+
+
+def _from_spans(spans: dict[str, str], n_workers: int | None, max_steps: int, allow_empty: bool,
+                access_mode: str) -> Workflow | ParseError:
     raw: dict[str, Any] = {}
     for name in LISTS:
         if name not in spans:
@@ -107,8 +123,8 @@ def _parse(text: Any, n_workers: int | None, max_steps: int, allow_empty: bool, 
 def _candidates(text: str) -> list[str]:
     """Where the lists may be, most likely first: after the reasoning, without <think> blocks, the raw text.
 
-    A subtask may itself mention ``</think>``, so stripping is only a first guess; ``max`` over the
-    candidates keeps the first one that holds the most lists.
+    A subtask may itself mention ``<think>`` or ``</think>``, so stripping is only kept when what remains
+    parses; otherwise the error of the candidate that held the most lists is reported.
     """
     out = []
     low = text.lower()

@@ -81,6 +81,13 @@ def score_trajectory(traj: Trajectory, question: Question, scheme: RewardScheme 
         traj.extracted_answer, traj.correct = None, False
         traj.reward = reward(False, False, scheme=scheme)
         return traj
+    if question.gold in (None, "") and not question.tests:
+        # nothing to grade against (bulk answering a user's file): keep the answer, no reward, not a failure
+        from conductor.extract import DEFAULT_RULES, extract
+
+        traj.extracted_answer = extract(traj.final_answer, DEFAULT_RULES.get(question.domain, DEFAULT_RULES["free"]))
+        traj.correct, traj.reward = None, None
+        return traj
     result = grade(question, traj.final_answer or "", kind)
     traj.extracted_answer = result.extracted if question.domain != "code" else (result.extracted or "")[:2000]
     if result.error is not None:
@@ -102,3 +109,17 @@ def score_trajectory(traj: Trajectory, question: Question, scheme: RewardScheme 
             per_round.append(None if r.error else reward(True, r.correct, scheme=scheme))
         traj.round_rewards = recursion_round_rewards(per_round, scheme)  # type: ignore[assignment]
     return traj
+
+
+def score_trajectories(trajs: Sequence[Trajectory], questions: Sequence[Question] | dict[str, Question],
+                       scheme: RewardScheme = PAPER, max_workers: int | None = None) -> list[Trajectory]:
+    """``score_trajectory`` over a batch on threads: sandboxed code runs proceed in parallel
+    (bounded by the sandbox semaphore), math-verify checks share its worker pool."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    by_id = questions if isinstance(questions, dict) else {q.id: q for q in questions}
+    missing = [t.question_id for t in trajs if t.question_id not in by_id]
+    if missing:
+        raise KeyError(f"no question for trajectory question_id {missing[0]!r}")
+    with ThreadPoolExecutor(max_workers=max_workers or 8) as ex:
+        return list(ex.map(lambda t: score_trajectory(t, by_id[t.question_id], scheme), trajs))

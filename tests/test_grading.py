@@ -7,11 +7,14 @@ import re
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from conductor.datasets import load_dataset
 from conductor.grading import GradeResult, get_grader, grade_many
 from conductor.grading.code import CodeGrader
 from conductor.grading.mathverify import MathVerifyPool
+from conductor.grading.numeric import to_number
 from conductor.grading.equivalence import MathGrader
 from conductor.questions import Question
 from conductor.sandbox import Limits, Sandbox
@@ -169,3 +172,15 @@ def test_stdin_stdout_tests():
     res = grader.grade(q, "```python\nimport sys\nsys.exit(3)\n```")
     assert not res.correct and res.error is None and res.detail.startswith("test 0: error")
     assert grader.grade({"tests": [{"input": "1"}]}, "print(1)").error is not None
+
+
+@given(st.integers(min_value=-10**9, max_value=10**9), st.sampled_from(["${:,}", "{:,} dollars", "\\${:,}", "{}\\%",
+                                                                       "x = {}", "{}.", "\\text{{{}}}", "{{{}}}"]))
+def test_to_number_reads_model_written_numbers(n, form):
+    assert to_number(form.format(n)) == n
+
+
+@given(st.text(max_size=60))
+def test_to_number_never_crashes(text):
+    out = to_number(text)
+    assert out is None or isinstance(out, float)

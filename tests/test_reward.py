@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from conductor.datasets import load_dataset
 from conductor.questions import Question
-from conductor.reward import PAPER, RewardScheme, recursion_round_rewards, reward, score_trajectory
+from conductor.reward import (PAPER, RewardScheme, recursion_round_rewards, reward, score_trajectories,
+                              score_trajectory)
 from conductor.trajectory import Round, Trajectory
 
 
@@ -39,7 +40,7 @@ def test_score_correct_wrong_unparseable_and_infra():
 
 
 def test_grader_failure_is_infra_not_zero():
-    bad = Question(id="x/t/0", dataset="x", domain="code", prompt="?", tests=None)
+    bad = Question(id="x/t/0", dataset="x", domain="code", prompt="?", tests=[{"input": "1"}])   # no "output"
     t = score_trajectory(_traj("```python\nprint(1)\n```"), bad)
     assert t.reward is None and t.infra_failed and t.infra_cause.startswith("grading:")
 
@@ -62,3 +63,23 @@ def test_recursion_rounds_get_per_round_rewards_with_first_scaled():
     assert t.reward == 0.5 and t.round_rewards == [0.125, 0.5]
     assert recursion_round_rewards([1.0, 1.0], RewardScheme(first_round_scale=0.2)) == [0.2, 1.0]
     assert PAPER.first_round_scale == 0.25
+
+
+def test_no_gold_means_no_reward_but_not_a_failure():
+    free = Question(id="mine/all/a", dataset="mine", domain="free", prompt="Name a colour.")
+    t = score_trajectory(_traj("<answer>blue</answer>"), free)
+    assert (t.extracted_answer, t.correct, t.reward, t.infra_failed) == ("blue", None, None, False)
+
+
+def test_batch_scoring_mixes_kinds():
+    he = load_dataset("humaneval", limit=2)
+    items = [(Q, "<answer>18</answer>", 1.0), (Q, "<answer>1</answer>", 0.5),
+             (he[0], f"```python\n{he[0].metadata['function_prompt']}{he[0].metadata['canonical_solution']}```", 1.0),
+             (he[1], "```python\ndef separate_paren_groups(s):\n    return []\n```", 0.5)]
+    trajs = []
+    for i, (q, answer, _) in enumerate(items):
+        t = _traj(answer)
+        t.question_id = q.id
+        trajs.append(t)
+    out = score_trajectories(trajs, [Q, he[0], he[1]])
+    assert [t.reward for t in out] == [want for *_, want in items]
