@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +44,13 @@ def main() -> None:
     assert right == sum(1 for i in range(len(qs)) if i % 2 == 0), "misgraded math answers"
     print(f"math: {len(qs)} answers in {math_s:.2f}s ({right} right, "
           f"{sum(r.error is not None for r in results)} errors)")
+    # side by side: the same pairs sent straight to math-verify, without the fast paths
+    pairs = [(q.gold, r.extracted or "") for q, r in zip(qs, results)]
+    t = time.perf_counter()
+    default_pool().check_many(pairs)
+    mv_s = time.perf_counter() - t
+    print(f"math: same {len(pairs)} pairs through math-verify only: {mv_s:.2f}s "
+          f"(fast paths make grading {mv_s / math_s:.1f}x faster)")
 
     he = load_dataset("humaneval")
     responses = [f"```python\n{q.metadata['function_prompt']}{q.metadata['canonical_solution']}```" for q in he]
@@ -55,6 +63,17 @@ def main() -> None:
     passed = sum(r.correct for r in code_results)
     print(f"code: {len(he)} HumanEval solutions in {code_s:.2f}s ({passed} passed), isolation={sandbox.isolation}, "
           f"max_parallel={sandbox.max_parallel}, cores={os.cpu_count()}")
+    # side by side: the sandbox's start-up cost against a bare interpreter start (a constant no-op program)
+    n = 20
+    t = time.perf_counter()
+    for _ in range(n):
+        subprocess.run([sys.executable, "-I", "-S", "-c", "pass"], check=True)
+    bare = (time.perf_counter() - t) / n
+    t = time.perf_counter()
+    for _ in range(n):
+        assert sandbox.run("pass").ok
+    boxed = (time.perf_counter() - t) / n
+    print(f"start-up: sandbox {boxed * 1000:.0f} ms vs bare python -I -S {bare * 1000:.0f} ms ({boxed / bare:.1f}x)")
     print(f"math_per_s={len(qs) / math_s:.1f} code_per_s={len(he) / code_s:.1f}")
 
 

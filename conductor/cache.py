@@ -57,6 +57,9 @@ def messages_hash(messages: list[Message]) -> str:
     return hashlib.sha256(body.encode()).hexdigest()
 
 
+MANIFEST_URL_OPTION = "manifest_base_url"
+
+
 def cache_key(worker: "Worker", messages: list[Message], sample_index: int = 0) -> str:
     """The content address of one call; the worker's *name* is not part of it.
 
@@ -68,9 +71,12 @@ def cache_key(worker: "Worker", messages: list[Message], sample_index: int = 0) 
     >>> cache_key(a, [Message("user", "q")], 0) == cache_key(a, [Message("user", "q")], 1)
     False
     """
+    options = dict(worker.options)
+    # an embedded server's URL carries a port that changes every run: key on the manifest's embedded:// URL
+    base_url = options.pop(MANIFEST_URL_OPTION, None) or worker.base_url or ""
     body = {
-        "provider": worker.provider, "model": worker.model, "base_url": worker.base_url or "",
-        "sampling": worker.sampling.model_dump(mode="json"), "options": worker.options,
+        "provider": worker.provider, "model": worker.model, "base_url": base_url,
+        "sampling": worker.sampling.model_dump(mode="json"), "options": options,
         "messages": [[m.role, m.content] for m in messages], "sample": sample_index,
     }
     raw = json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
@@ -90,7 +96,11 @@ class ResponseCache:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="response-cache")
         self._local = threading.local()
         self._busy_ms = int(busy_timeout_s * 1000)
-        self._pool.submit(self._conn).result()   # create the file and schema now: fail early
+        try:
+            self._pool.submit(self._conn).result()   # create the file and schema now: fail early
+        except sqlite3.Error as e:
+            self._pool.shutdown(wait=False)
+            raise ValueError(f"{self.path}: cannot open the response cache: {e}") from None
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)

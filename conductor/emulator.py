@@ -11,6 +11,7 @@ Routes (what the SDKs call):
 Control:
   GET  /_emulator/stats     request counts per route and outcome
   GET  /_emulator/requests  the last request bodies (to check what an SDK sent)
+  GET  /_emulator/arrivals  monotonic arrival time of every request (rate measurements)
   POST /_emulator/config    merge settings (see ``EmulatorConfig``)
   POST /_emulator/reset     zero the counters and fault state
 
@@ -106,6 +107,9 @@ class EmulatorState:
         self.in_flight = 0
         self.max_in_flight = 0
         self.plan_used: Counter[int] = Counter()
+        self.first_arrival: float | None = None    # time.monotonic() of the first/last request since reset
+        self.last_arrival: float | None = None
+        self.arrivals: deque[float] = deque(maxlen=200_000)   # every arrival time (rate measurements)
 
     def configure(self, patch: dict[str, Any]) -> None:
         names = {f.name for f in fields(EmulatorConfig)}
@@ -260,6 +264,10 @@ def make_app(state: EmulatorState) -> web.Application:
                else _anthropic_req(body, request.headers) if route == "anthropic"
                else _openai_req(body, request.headers))
         req.body_hash = hashlib.sha256(raw).hexdigest()
+        now = time.monotonic()
+        state.first_arrival = state.first_arrival if state.first_arrival is not None else now
+        state.last_arrival = now
+        state.arrivals.append(now)
         state.counts[route] += 1
         state.recent.append({"route": route, "model": req.model, "body": body})
         state.in_flight += 1
@@ -282,7 +290,12 @@ def make_app(state: EmulatorState) -> web.Application:
         return await handle(request, "gemini", model)
 
     async def stats(_: web.Request) -> web.Response:
-        return web.json_response({"counts": dict(state.counts), "max_in_flight": state.max_in_flight})
+        span = (state.last_arrival - state.first_arrival) if state.first_arrival is not None else 0.0
+        return web.json_response({"counts": dict(state.counts), "max_in_flight": state.max_in_flight,
+                                  "arrival_span_s": span})
+
+    async def arrivals(_: web.Request) -> web.Response:
+        return web.json_response(list(state.arrivals))
 
     async def recent(_: web.Request) -> web.Response:
         return web.json_response(list(state.recent))
@@ -306,6 +319,7 @@ def make_app(state: EmulatorState) -> web.Application:
     app.router.add_post("/v1/models/{tail}", gemini)
     app.router.add_get("/_emulator/stats", stats)
     app.router.add_get("/_emulator/requests", recent)
+    app.router.add_get("/_emulator/arrivals", arrivals)
     app.router.add_post("/_emulator/config", config)
     app.router.add_post("/_emulator/reset", reset)
     return app
@@ -380,7 +394,7 @@ class Emulator:
                 return
             ready.set()
             loop.run_forever()
-            loop.run_until_complete(self._runner.cleanup() if self._runner else asyncio.sleep(0))
+            loop.run_until_complete(self._shutdown())
             loop.close()
 
         self._thread = threading.Thread(target=run, name="provider-emulator", daemon=True)
@@ -390,8 +404,19 @@ class Emulator:
             raise err[0]
         return self
 
+    async def _shutdown(self) -> None:
+        """Cancel requests still held (hangs), then close the server, without waiting out a hang."""
+        me = asyncio.current_task()
+        pending = [t for t in asyncio.all_tasks() if t is not me]
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+
     async def _start_site(self) -> None:
-        self._runner = web.AppRunner(make_app(self.state), access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(make_app(self.state), access_log=None, handle_signals=False,
+                                     shutdown_timeout=0.5)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port, backlog=1024)
         await site.start()

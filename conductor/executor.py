@@ -31,13 +31,15 @@ from conductor.providers.base import Completion, Message, Provider, ProviderErro
 from conductor.providers.shared import estimate_tokens
 from conductor.ratelimit import RateLimiter
 from conductor.retry import RetryPolicy, call_with_retries, with_timeout
-from conductor.secrets import redact
+from conductor.secrets import redact, redacting_logger
 from conductor.trajectory import CallRecord
 from conductor.workflow import ALL, Workflow
 
 if TYPE_CHECKING:
     from conductor.pool import SubPool, Worker
     from conductor.trajectory import Trajectory
+
+log = redacting_logger("conductor.executor")
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,9 @@ class Executor:
                     raise self.cache.miss_error(worker)
             state.admit(who)
             completion, retries = await self._call_provider(worker, messages, sample_index, state, who)
+            clean = redact(completion.text)    # a reply must never carry a key into records or later prompts
+            if clean != completion.text:
+                completion = Completion(clean, completion.input_tokens, completion.output_tokens, completion.finish_reason)
             rec.retries = retries
             self.stats["calls"] += 1
             self.stats["retries"] += retries
@@ -174,6 +179,7 @@ class Executor:
             return completion
         except ProviderError as e:
             self.stats["failures"] += 1
+            log.warning("call failed for %s (%s): %s", who, e.kind, e)
             rec.retries = getattr(e, "retries", rec.retries)
             rec.error = redact(str(e))
             rec.error_kind = e.kind
@@ -206,8 +212,11 @@ class Executor:
                 permit.settle(c.input_tokens + c.output_tokens)
                 return c
 
+        def on_retry(e: ProviderError) -> None:
+            log.info("retrying %s after %s: %s", who, e.kind, e)
+
         max_retries = self.retry.max_retries if self.retry.max_retries is not None else worker.limits.max_retries
-        return await call_with_retries(attempt, max_retries, self.retry)
+        return await call_with_retries(attempt, max_retries, self.retry, on_retry)
 
     @staticmethod
     def _fill(rec: CallRecord, worker: "Worker", c: Completion, start: float, cache_hit: bool) -> None:

@@ -19,6 +19,7 @@ _FINAL_RE = re.compile(
     r"(?:final\s+answer\s*(?:is)?\s*[:：]?|the\s+(?:correct\s+)?answer\s+is\s*[:：]?|answer\s*[:：]|####)\s*(.+)",
     re.IGNORECASE)
 _NUMBER_RE = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|(?<![\w.])-?\.\d+")
+_CODE_START_RE = re.compile(r"^(?:def |class |import |from \S+ import |async def |@)", re.MULTILINE)
 _CODE_RE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 _LETTER_PATTERNS = (
     r"(?:answer|option|choice)\s*(?:is|:)?\s*(?:option\s*)?\(?\**([A-{last}])\**\)?(?![\w])",
@@ -154,18 +155,27 @@ def choice_letter(text: str, n_choices: int = 4, choices: Sequence[str] | None =
 
 
 def code_block(text: str) -> str | None:
-    """The last fenced code block (python preferred); the whole text if it has no fence.
+    """The last fenced code block (python preferred). Without a fence: the content of an
+    ``<answer>`` tag if any, else the text from the first line that starts like code.
 
     >>> code_block("Here:\\n```python\\ndef f():\\n    return 1\\n```\\nDone.")
     'def f():\\n    return 1\\n'
     >>> code_block("def g(): pass")
     'def g(): pass'
+    >>> code_block("Sure, here it is:\\nimport math\\ndef g(): pass")
+    'import math\\ndef g(): pass'
     """
     blocks = _CODE_RE.findall(text)
-    if not blocks:
-        return text if text.strip() else None
-    py = [code for lang, code in blocks if lang.lower() in ("python", "py", "python3")]
-    return (py or [code for _, code in blocks])[-1]
+    if blocks:
+        py = [code for lang, code in blocks if lang.lower() in ("python", "py", "python3")]
+        return (py or [code for _, code in blocks])[-1]
+    tagged = answer_tag(text)
+    if tagged:
+        text = tagged
+    m = _CODE_START_RE.search(text)
+    if m and m.start() > 0:
+        return text[m.start():]
+    return text if text.strip() else None
 
 
 Rule = Callable[[str], "str | None"]
@@ -181,7 +191,7 @@ RULES: dict[str, Rule] = {
 @dataclass(frozen=True)
 class Extraction:
     """Ordered rules for one dataset; the first rule that finds something wins.
-    A tag whose content holds a ``\\boxed{}`` yields the boxed part."""
+    A tag whose content holds a ``\\boxed{}`` or a final-answer phrase yields that part."""
 
     rules: tuple[str, ...] = ("tag", "boxed", "final_line", "last_number")
 
@@ -193,6 +203,8 @@ def extract(text: str | None, rules: Sequence[str] = ("tag", "boxed", "final_lin
     """Apply ``rules`` in order.
 
     >>> extract("thinking... <answer>The answer is \\\\boxed{7}</answer>")
+    '7'
+    >>> extract("<answer>The final answer is 7.</answer>")
     '7'
     >>> extract("I think it's 12 apples.")
     '12'
@@ -208,8 +220,8 @@ def extract(text: str | None, rules: Sequence[str] = ("tag", "boxed", "final_lin
             raise ValueError(f"unknown extraction rule {name!r}; known: {', '.join(RULES)}") from None
         found = rule(text)
         if found is not None and found != "":
-            if name == "tag":
-                inner = boxed(found)
+            if name == "tag":     # "<answer>The answer is \boxed{5}</answer>" -> "5"
+                inner = boxed(found) or final_answer_line(found)
                 if inner:
                     return inner
             return found

@@ -136,14 +136,11 @@ def execute(trajectories: list[Trajectory], spec: RunSpec, executor: Any,
 
 
 def score(trajectories: list[Trajectory], questions: Sequence["Question"], scheme: "RewardScheme | None" = None) -> list[Trajectory]:
-    """Grade final answers against gold where there is one; the reward follows the paper's scheme."""
-    from conductor.reward import RewardScheme, score_trajectory
+    """Grade final answers against gold where there is one; the reward follows the paper's scheme.
+    Graders run on threads, so sandboxed code runs of one shard proceed in parallel."""
+    from conductor.reward import PAPER, score_trajectories
 
-    by_id = {q.id: q for q in questions}
-    scheme = scheme or RewardScheme()
-    for t in trajectories:
-        score_trajectory(t, by_id[t.question_id], scheme)
-    return trajectories
+    return score_trajectories(trajectories, questions, scheme or PAPER)
 
 
 def run_shard(questions: Sequence["Question"], spec: RunSpec, policy: "PolicyBackend", executor: Any,

@@ -1,11 +1,13 @@
 """Per-(provider, endpoint, model) rate limits: RPM and TPM buckets plus a concurrency cap.
 
 WHY this shape: thousands of concurrent workflow steps share one provider
-quota. Each caller *reserves* its request and its tokens up front (the bucket
-may go into debt) and sleeps exactly until its reservation matures, so waiters
-are served in arrival order without polling and the achieved rate sits right at
-the limit. Token use is reserved as (input estimate + max_tokens), like
-providers count it, and the unused part is refunded when the reply arrives.
+quota. Waiters queue in arrival order (a FIFO lock); only the head of the queue
+watches the buckets and sleeps exactly until its request and tokens fit, then
+takes them at that moment. Nothing is promised ahead, so a late wake-up on a
+busy machine cannot release a catch-up burst above the bucket's capacity, and
+with no polling the achieved rate sits right at the limit. Token use is
+reserved as (input estimate + max_tokens), like providers count it, and the
+unused part is refunded when the reply arrives.
 A 429's Retry-After pauses the whole key, not just the caller that saw it.
 
 The request bucket bursts at most ``burst_s`` seconds of requests (providers
@@ -29,11 +31,18 @@ if TYPE_CHECKING:
 
 
 class Bucket:
-    """A token bucket that lends: ``reserve(n)`` returns how long to wait for those n.
+    """A token bucket read at the moment of admission: ``wait_time`` says how long until n fit.
+
+    Tokens are taken when a caller actually proceeds, never promised ahead, so a
+    process that wakes up late (a busy machine) cannot catch up in a burst above
+    the capacity. ``refund`` may push the level below zero (a call that used more
+    tokens than it reserved): later callers then wait that debt out.
 
     >>> b = Bucket(rate=10.0, capacity=2.0)
-    >>> b.reserve(1, now=0.0), b.reserve(1, now=0.0), round(b.reserve(1, now=0.0), 3)
-    (0.0, 0.0, 0.1)
+    >>> b.take(1, now=0.0); b.take(1, now=0.0); round(b.wait_time(1, now=0.0), 3)
+    0.1
+    >>> b.wait_time(1, now=0.1)
+    0.0
     """
 
     def __init__(self, rate: float, capacity: float):
@@ -43,15 +52,18 @@ class Bucket:
         self.t: float | None = None
 
     def _refill(self, now: float) -> None:
-        if self.t is not None:
+        if self.t is not None and now > self.t:
             self.level = min(self.capacity, self.level + (now - self.t) * self.rate)
-        self.t = now
+        self.t = now if self.t is None else max(self.t, now)
 
-    def reserve(self, n: float, now: float | None = None) -> float:
+    def wait_time(self, n: float, now: float | None = None) -> float:
         now = time.monotonic() if now is None else now
         self._refill(now)
+        return 0.0 if self.level >= n else (n - self.level) / self.rate
+
+    def take(self, n: float, now: float | None = None) -> None:
+        self._refill(time.monotonic() if now is None else now)
         self.level -= n
-        return 0.0 if self.level >= 0 else -self.level / self.rate
 
     def refund(self, n: float) -> None:
         self.level = min(self.capacity, self.level + n)
@@ -81,6 +93,7 @@ class KeyLimiter:
         self.rpm = Bucket(rpm / 60.0, max(1.0, rpm / 60.0 * burst_s)) if rpm else None
         self.tpm = Bucket(tpm / 60.0, tpm) if tpm else None
         self.sem = asyncio.Semaphore(limits.max_concurrency)
+        self.gate = asyncio.Lock()
         self.max_concurrency = limits.max_concurrency
         self.blocked_until = 0.0
         self.in_flight = 0
@@ -101,29 +114,34 @@ class KeyLimiter:
 
     @asynccontextmanager
     async def slot(self, tokens: int = 0) -> AsyncIterator[Permit]:
-        """Hold a concurrency slot and a matured request/token reservation for one call."""
+        """Hold a concurrency slot plus one request and ``tokens`` tokens taken from the buckets."""
         self.check_fits(tokens)
         async with self.sem:
-            while True:
-                pause = self.blocked_until - time.monotonic()
-                if pause <= 0:
-                    break
-                self.waited_s += pause
-                await asyncio.sleep(pause)
-            wait = 0.0
-            if self.rpm is not None:
-                wait = self.rpm.reserve(1)
-            if self.tpm is not None and tokens:
-                wait = max(wait, self.tpm.reserve(tokens))
-            if wait > 0:
-                self.waited_s += wait
-                await asyncio.sleep(wait)
+            async with self.gate:            # FIFO: the head waiter alone watches the buckets
+                await self._admit(tokens)
             self.in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
             try:
                 yield Permit(self, tokens)
             finally:
                 self.in_flight -= 1
+
+    async def _admit(self, tokens: int) -> None:
+        while True:
+            now = time.monotonic()
+            wait = self.blocked_until - now
+            if self.rpm is not None:
+                wait = max(wait, self.rpm.wait_time(1, now))
+            if self.tpm is not None and tokens:
+                wait = max(wait, self.tpm.wait_time(tokens, now))
+            if wait <= 0:
+                if self.rpm is not None:
+                    self.rpm.take(1, now)
+                if self.tpm is not None and tokens:
+                    self.tpm.take(tokens, now)
+                return
+            self.waited_s += wait
+            await asyncio.sleep(wait)
 
 
 class RateLimiter:
@@ -203,3 +221,21 @@ class PrefectSlots:
         name = await self.ensure(worker)
         async with concurrency(name, occupy=1, strict=True, lease_duration=self.lease_s):
             yield
+
+
+def limit_problems(worker: "Worker") -> list[str]:
+    """Limits under which this worker can never be called, as one-line messages (empty: fine).
+
+    >>> from conductor.pool import Worker
+    >>> limit_problems(Worker(name="w", provider="openai", model="m", limits={"tokens_per_minute": 1000}))
+    ['worker w: max_tokens 4096 alone exceeds tokens_per_minute 1000: no call can ever be admitted']
+    """
+    s, lim = worker.sampling, worker.limits
+    out = []
+    need = s.max_tokens + (s.thinking_budget or 0)
+    if lim.tokens_per_minute is not None and need > lim.tokens_per_minute:
+        out.append(f"worker {worker.name}: max_tokens {need} alone exceeds tokens_per_minute "
+                   f"{lim.tokens_per_minute:g}: no call can ever be admitted")
+    if lim.requests_per_minute is not None and lim.requests_per_minute < 1 / 60:
+        out.append(f"worker {worker.name}: requests_per_minute {lim.requests_per_minute:g} admits no call per hour")
+    return out

@@ -41,11 +41,14 @@ def parse_status_of(err: "ParseError") -> str:
     """'invalid' when the lists were read but break a rule (range, length cap, references), else 'parse_error'.
 
     >>> from conductor.parser import ParseError
-    >>> parse_status_of(ParseError("model_id", "entry 0 is 7, outside the pool (0..2)"))
+    >>> parse_status_of(ParseError("model_id", "entry 0 is 7, outside the pool (0..2)", status="invalid"))
     'invalid'
-    >>> parse_status_of(ParseError("subtasks", "no list found"))
+    >>> parse_status_of(ParseError("subtasks", "no list found", status="parse_error"))
     'parse_error'
     """
+    status = getattr(err, "status", None)
+    if status in ("parse_error", "invalid"):
+        return status
     if err.field in ("model_id", "subtasks", "access_list") and any(h in err.reason for h in _INVALID_HINTS):
         return "invalid"
     return "parse_error"

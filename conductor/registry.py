@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
+ANY = object()      # swap(expect=ANY): no compare-and-swap check
 
 
 class RegistryError(ValueError):
@@ -95,8 +96,9 @@ class RegistryBackend(Protocol):
     def checkpoints(self) -> dict[str, CheckpointEntry]: ...
     def aliases(self) -> dict[str, str]: ...
     def history(self) -> list[dict[str, Any]]: ...
-    def swap(self, alias: str, checkpoint_id: str | None, event: dict[str, Any]) -> None:
-        """Point ``alias`` at ``checkpoint_id`` (None removes it) and record ``event``, atomically."""
+    def swap(self, alias: str, checkpoint_id: str | None, event: dict[str, Any], expect: Any = ANY) -> str | None:
+        """Point ``alias`` at ``checkpoint_id`` (None removes it) and record ``event`` with its ``previous``
+        target, atomically; refuse if ``expect`` is given and the alias no longer points there. Returns previous."""
         ...
 
 
@@ -121,6 +123,8 @@ class FileBackend:
                 raw = f.read()
         except FileNotFoundError:
             return {"format": 1, "revision": 0, "checkpoints": {}, "aliases": {}, "history": []}
+        except OSError as e:
+            raise RegistryError(f"{self.root}/{self.FILE}: cannot read ({e})") from None
         try:
             doc = json.loads(raw)
         except ValueError as e:
@@ -180,16 +184,20 @@ class FileBackend:
     def history(self) -> list[dict[str, Any]]:
         return list(self._read()["history"])
 
-    def swap(self, alias: str, checkpoint_id: str | None, event: dict[str, Any]) -> None:
+    def swap(self, alias: str, checkpoint_id: str | None, event: dict[str, Any], expect: Any = ANY) -> str | None:
         with self._locked() as doc:
             if checkpoint_id is not None and checkpoint_id not in doc["checkpoints"]:
                 raise RegistryError(f"unknown checkpoint {checkpoint_id!r}")
+            prev = doc["aliases"].get(alias)
+            if expect is not ANY and prev != expect:
+                raise RegistryError(f"alias {alias!r} changed concurrently: now {prev!r}, expected {expect!r}")
             if checkpoint_id is None:
                 doc["aliases"].pop(alias, None)
             else:
                 doc["aliases"][alias] = checkpoint_id
-            doc["history"].append(event)
+            doc["history"].append({**event, "previous": prev})
             self._write(doc)
+        return prev
 
 
 class MlflowBackend:
@@ -202,17 +210,23 @@ class MlflowBackend:
     EVENT_TAG = "conductor.event."
 
     def __init__(self, tracking_uri: str, model_name: str = "conductor"):
-        from mlflow import MlflowClient   # optional dependency: pip install 'conductor[mlflow]'
-
+        try:
+            from mlflow import MlflowClient   # optional dependency: pip install 'conductor[mlflow]'
+            from mlflow.exceptions import MlflowException
+        except ImportError:
+            raise RegistryError("the MLflow registry backend needs mlflow: pip install 'conductor[mlflow]'") from None
         self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
         self.name = model_name
         self.root = f"{tracking_uri}#{model_name}"
-        from mlflow.exceptions import MlflowException
-
         try:
-            self.client.get_registered_model(model_name)
-        except MlflowException:
-            self.client.create_registered_model(model_name, description="Conductor checkpoints (conductor.registry)")
+            try:
+                self.client.get_registered_model(model_name)
+            except MlflowException as e:
+                if getattr(e, "error_code", "") != "RESOURCE_DOES_NOT_EXIST":
+                    raise
+                self.client.create_registered_model(model_name, description="Conductor checkpoints (conductor.registry)")
+        except Exception as e:   # unreachable server, bad URI, ...: one line, not a traceback
+            raise RegistryError(f"MLflow registry {tracking_uri} ({model_name}): {str(e).splitlines()[0][:300]}") from None
 
     def _entry(self, mv: Any) -> CheckpointEntry:
         tags = mv.tags or {}
@@ -259,15 +273,20 @@ class MlflowBackend:
         self.client.set_registered_model_tag(self.name, f"{self.EVENT_TAG}{seq:06d}",
                                              json.dumps(event, sort_keys=True, default=str)[:4900])
 
-    def swap(self, alias: str, checkpoint_id: str | None, event: dict[str, Any]) -> None:
+    def swap(self, alias: str, checkpoint_id: str | None, event: dict[str, Any], expect: Any = ANY) -> str | None:
+        prev = self.aliases().get(alias)
+        if expect is not ANY and prev != expect:
+            raise RegistryError(f"alias {alias!r} changed concurrently: now {prev!r}, expected {expect!r}")
         if checkpoint_id is None:
-            self.client.delete_registered_model_alias(self.name, alias)
+            if prev is not None:
+                self.client.delete_registered_model_alias(self.name, alias)
         else:
             entry = self.checkpoints().get(checkpoint_id)
             if entry is None:
                 raise RegistryError(f"unknown checkpoint {checkpoint_id!r}")
             self.client.set_registered_model_alias(self.name, alias, entry.mlflow_version)
-        self._event(event)
+        self._event({**event, "previous": prev})
+        return prev
 
 
 # ------------------------------------------------------------------ the registry
@@ -315,6 +334,8 @@ class Registry:
     # -- writing
     def register(self, uri: str, lineage: dict[str, Any] | None = None, checkpoint_id: str | None = None) -> CheckpointEntry:
         """Add a checkpoint; its lineage is read from ``<uri>/lineage.json`` when not given."""
+        if "://" not in uri:
+            uri = os.path.abspath(uri)        # a relative path would mean something else to the next reader
         if lineage is None:
             lineage = read_lineage(uri)
         cid = checkpoint_id or lineage.get("checkpoint_id") or uri.rstrip("/").rsplit("/", 1)[-1]
@@ -322,26 +343,23 @@ class Registry:
             raise RegistryError(f"cannot derive a checkpoint id from {uri!r}; pass checkpoint_id")
         return self.backend.add_checkpoint(CheckpointEntry(cid, uri, _now(), lineage))
 
-    def promote(self, checkpoint_id: str, reason: str = "manual promotion", **extra: Any) -> None:
-        """Make ``checkpoint_id`` the champion unconditionally (recording the previous one)."""
+    def promote(self, checkpoint_id: str, reason: str = "manual promotion", expect: Any = ANY, **extra: Any) -> None:
+        """Make ``checkpoint_id`` the champion (recording the previous one); ``expect`` = compare-and-swap."""
         self.get(checkpoint_id)
-        prev = self.backend.aliases().get(CHAMPION)
-        if prev == checkpoint_id:
+        if self.backend.aliases().get(CHAMPION) == checkpoint_id:
             raise RegistryError(f"{checkpoint_id!r} is already the champion")
         self.backend.swap(CHAMPION, checkpoint_id, {"time": _now(), "action": "promote", "alias": CHAMPION,
-                                                    "checkpoint_id": checkpoint_id, "previous": prev,
-                                                    "reason": reason, **extra})
+                                                    "checkpoint_id": checkpoint_id, "reason": reason, **extra},
+                          expect=expect)
         if self.backend.aliases().get(CHALLENGER) == checkpoint_id:
             self.backend.swap(CHALLENGER, None, {"time": _now(), "action": "clear", "alias": CHALLENGER,
-                                                 "checkpoint_id": None, "previous": checkpoint_id,
-                                                 "reason": "promoted to champion"})
+                                                 "checkpoint_id": None, "reason": "promoted to champion"},
+                              expect=checkpoint_id)
 
     def set_challenger(self, checkpoint_id: str, reason: str, **extra: Any) -> None:
         self.get(checkpoint_id)
-        prev = self.backend.aliases().get(CHALLENGER)
         self.backend.swap(CHALLENGER, checkpoint_id, {"time": _now(), "action": "challenger", "alias": CHALLENGER,
-                                                      "checkpoint_id": checkpoint_id, "previous": prev,
-                                                      "reason": reason, **extra})
+                                                      "checkpoint_id": checkpoint_id, "reason": reason, **extra})
 
     def promote_if_better(self, candidate_id: str, report: "EvalReport | None",
                           policy: PromotionPolicy = PromotionPolicy()) -> Decision:
@@ -360,8 +378,8 @@ class Registry:
                 raise RegistryError(f"report compares with {report.champion_id!r} but the champion is {champ!r}")
             d = decide(report, policy, candidate_id, champ)
         extra = {"p_value": d.p_value, "diff": d.diff, "regressions": d.regressions, "policy": asdict(policy)}
-        if d.promote:
-            self.promote(candidate_id, d.reason, **extra)
+        if d.promote:   # compare-and-swap: the decision holds only against the champion it was made against
+            self.promote(candidate_id, d.reason, expect=champ, **extra)
         else:
             self.set_challenger(candidate_id, d.reason, **extra)
         return d
@@ -378,7 +396,7 @@ class Registry:
         if not target:
             raise RegistryError(f"champion {current!r} has no earlier champion to roll back to")
         self.backend.swap(CHAMPION, target, {"time": _now(), "action": "rollback", "alias": CHAMPION,
-                                             "checkpoint_id": target, "previous": current, "reason": reason})
+                                             "checkpoint_id": target, "reason": reason}, expect=current)
         return self.get(target)
 
 

@@ -22,9 +22,10 @@ says so.
 
 from __future__ import annotations
 
-import json
+import marshal
 import os
 import random
+import select
 import shutil
 import signal
 import subprocess
@@ -51,6 +52,8 @@ class Limits:
     cpu_s: int | None = None          # default: ceil(wall_s) + 1
     memory_mb: int = 1024             # RLIMIT_AS (address space)
     file_mb: int = 16                 # RLIMIT_FSIZE: largest file (also caps stdout/stderr)
+    disk_mb: int = 64                 # size of the work dir's tmpfs (namespace mode)
+    inodes: int = 4096                # files + dirs in the work dir (namespace mode)
     nproc: int = 64                   # processes of the run's uid
     nofile: int = 256
     output_chars: int = 1_000_000     # how much stdout/stderr is read back
@@ -81,14 +84,15 @@ class SandboxResult:
 # interpreter and the work dir back, then forks the user program under a fresh
 # uid with rlimits, waits for it and reports its wait status on fd ``status_fd``.
 _LAUNCHER = r'''
-import ctypes, json, os, resource, sys
-spec = json.loads(sys.argv[1])
+import marshal, os, resource, sys
+spec = marshal.loads(bytes.fromhex(sys.argv[1]))
 status_fd = spec["status_fd"]
 os.set_inheritable(status_fd, False)
-def report(obj):
-    os.write(status_fd, json.dumps(obj).encode() + b"\n")
+def report(kind, value):
+    os.write(status_fd, ("%s %s\n" % (kind, value)).replace("\n", " ").encode() + b"\n")
 try:
     if spec["namespaces"]:
+        import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
         MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
         def mount(src, dst, fstype, flags, data):
@@ -96,19 +100,47 @@ try:
                 err = ctypes.get_errno()
                 raise OSError(err, "mount %s: %s" % (dst, os.strerror(err)))
         mount(None, "/", None, MS_REC | MS_PRIVATE, None)
-        keep = {p: os.open(p, os.O_PATH) for p in spec["expose_ro"] + [spec["workdir"]]}
+        work = spec["workdir"]
+        keep = {p: os.open(p, os.O_PATH) for p in spec["expose_ro"]}
+        src = os.open(work, os.O_RDONLY | os.O_DIRECTORY)
         for path in spec["hide"]:
             if os.path.isdir(path) and not os.path.islink(path):
                 mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=1m")
         for path, fd in keep.items():
-            if not any(path == h or path.startswith(h.rstrip("/") + "/") for h in spec["hide"]):
-                continue
-            os.makedirs(path, mode=0o755, exist_ok=True)
-            mount("/proc/self/fd/%d" % fd, path, None, MS_BIND | MS_REC, None)
-            if path != spec["workdir"]:
+            if any(path == h or path.startswith(h.rstrip("/") + "/") for h in spec["hide"]):
+                os.makedirs(path, mode=0o755, exist_ok=True)
+                mount("/proc/self/fd/%d" % fd, path, None, MS_BIND | MS_REC, None)
                 mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
-        for fd in keep.values():
             os.close(fd)
+        # the work dir: a size-capped tmpfs owned by the run's uid, filled with a copy of the prepared files
+        os.makedirs(work, mode=0o755, exist_ok=True)
+        owner = spec["uid"] if spec["uid"] is not None else 0
+        mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV,
+              "mode=700,uid=%d,gid=%d,size=%dm,nr_inodes=%d" % (owner, owner, spec["disk_mb"], spec["inodes"]))
+        def copy_tree(src_fd, dst):
+            for name in os.listdir(src_fd):
+                st = os.stat(name, dir_fd=src_fd, follow_symlinks=False)
+                target = os.path.join(dst, name)
+                if (st.st_mode & 0o170000) == 0o040000:
+                    os.mkdir(target, 0o700)
+                    sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=src_fd)
+                    copy_tree(sub, target)
+                    os.close(sub)
+                elif (st.st_mode & 0o170000) == 0o100000:
+                    fin = os.open(name, os.O_RDONLY, dir_fd=src_fd)
+                    fout = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                    while True:
+                        chunk = os.read(fin, 1 << 20)
+                        if not chunk:
+                            break
+                        os.write(fout, chunk)
+                    os.close(fin)
+                    os.close(fout)
+                else:
+                    continue
+                os.chown(target, owner, owner, follow_symlinks=False)
+        copy_tree(src, work)
+        os.close(src)
     pid = os.fork()
     if pid == 0:
         try:
@@ -124,13 +156,17 @@ try:
             os.chdir(spec["workdir"])
             os.execve(spec["argv"][0], spec["argv"], spec["env"])
         except BaseException as exc:
-            report({"infra": "child setup: %r" % (exc,)})
+            report("infra", "child setup: %r" % (exc,))
             os._exit(125)
+    # backstop for a parent that died before its wall-clock timeout: end the run ourselves
+    import signal
+    signal.signal(signal.SIGALRM, lambda *_: os.kill(pid, signal.SIGKILL))
+    signal.alarm(spec["backstop_s"])
     _, status = os.waitpid(pid, 0)
-    report({"status": status})
+    report("status", status)
     os._exit(0)
 except BaseException as exc:
-    report({"infra": "launcher: %r" % (exc,)})
+    report("infra", "launcher: %r" % (exc,))
     os._exit(125)
 '''
 
@@ -148,15 +184,15 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 @lru_cache(maxsize=1)
 def namespaces_available() -> bool:
-    """True when we are root and ``unshare`` can create net+pid+mount namespaces here."""
+    """True when we are root and a full trial run (unshare net+pid+mount, the tmpfs mounts,
+    the uid drop) works here; otherwise sandboxes use the fallback."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         return False
     try:
-        probe = subprocess.run(["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc",
-                                "true"], capture_output=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
+        trial = Sandbox(Limits(wall_s=30), use_namespaces=True, max_parallel=1).run("print('ok')")
+    except OSError:
         return False
-    return probe.returncode == 0
+    return trial.ok and trial.stdout.strip() == "ok"
 
 
 def _default_hidden() -> list[str]:
@@ -279,8 +315,9 @@ class Sandbox:
             status_r, status_w = os.pipe()
             spec = {"namespaces": self.use_namespaces, "workdir": workdir, "hide": self.hide,
                     "expose_ro": _python_roots(), "uid": uid, "limits": rl, "argv": argv, "env": env,
-                    "status_fd": status_w}
-            launcher = [self.python, "-I", "-S", "-c", _LAUNCHER, json.dumps(spec)]
+                    "status_fd": status_w, "backstop_s": int(limits.wall_s) + 5,
+                    "disk_mb": limits.disk_mb, "inodes": limits.inodes}
+            launcher = [self.python, "-I", "-S", "-c", _LAUNCHER, marshal.dumps(spec).hex()]
             if self.use_namespaces:
                 launcher = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc",
                             "--propagation", "private", *launcher]
@@ -300,9 +337,7 @@ class Sandbox:
                                          f"cannot start sandbox: {exc}")
                 os.close(status_w)
                 try:
-                    proc.wait(timeout=limits.wall_s)
-                except subprocess.TimeoutExpired:
-                    timed_out = True
+                    timed_out = not _wait_exit(proc, limits.wall_s)
                 finally:
                     _kill_group(proc.pid)
                     proc.wait()
@@ -316,6 +351,24 @@ class Sandbox:
             return _classify(raw, timed_out, proc.returncode, stdout, stderr, wall, self.isolation)
         finally:
             shutil.rmtree(private, ignore_errors=True)
+
+
+def _wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Wait up to ``timeout`` for ``proc`` to exit; wakes at once through a pidfd (Popen.wait
+    with a timeout polls with sleeps of up to 50 ms, a large share of a short run)."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        try:
+            proc.wait(timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        return bool(ready)
+    finally:
+        os.close(fd)
 
 
 def _read_text(path: str, limit: int) -> str:
@@ -359,19 +412,16 @@ def _classify(raw_status: str, timed_out: bool, launcher_rc: int | None, stdout:
 
     if timed_out:
         return result("timeout", None, "wall-clock timeout")
-    info: dict[str, object] = {}
-    for line in raw_status.splitlines():
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict) and "infra" not in info:
-            info.update(obj)
+    info: dict[str, str] = {}
+    for line in raw_status.splitlines():        # "infra <message>" and/or "status <wait status>"
+        kind, _, value = line.partition(" ")
+        if kind in ("infra", "status") and kind not in info:
+            info[kind] = value
     if "infra" in info:
         return result("infra", None, str(info["infra"]))
     if "status" not in info:
         return result("infra", launcher_rc, f"sandbox launcher exited {launcher_rc} without a status")
-    st = int(info["status"])  # type: ignore[call-overload]
+    st = int(info["status"])
     if os.WIFSIGNALED(st):
         sig = os.WTERMSIG(st)
         if sig == signal.SIGXCPU:

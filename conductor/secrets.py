@@ -9,9 +9,11 @@ exception strings include those bodies.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
+import time
 
 from conductor.providers.base import ProviderError
 
@@ -35,12 +37,17 @@ _PATTERNS = re.compile(
 _lock = threading.Lock()
 _env_names: set[str] = set(DEFAULT_KEY_ENVS)
 _MIN_SECRET_LEN = 6   # shorter values are too likely to hit ordinary words
+_TTL_S = 1.0          # re-read the environment at most this often (redact runs on every reply)
+_cached: tuple[float, list[str]] = (-1e9, [])
 
 
 def register_key_env(name: str) -> None:
     """Scrub this variable's value from everything ``redact`` sees from now on."""
+    global _cached
     with _lock:
-        _env_names.add(name)
+        if name not in _env_names:
+            _env_names.add(name)
+            _cached = (-1e9, [])
 
 
 def key_env_names() -> list[str]:
@@ -57,8 +64,11 @@ def get_key(env_name: str, worker: str = "") -> str:
     >>> redact("token k-123456789 leaked")
     'token [REDACTED] leaked'
     """
+    global _cached
     register_key_env(env_name)
     value = os.environ.get(env_name, "").strip()
+    if value and len(value) >= _MIN_SECRET_LEN and value not in _cached[1]:
+        _cached = (-1e9, [])      # a key we have not scrubbed yet: refresh now, not in a second
     if not value:
         who = f"worker {worker}: " if worker else ""
         raise ProviderError("missing_key", f"{who}environment variable {env_name} is not set (it must hold the API key)")
@@ -66,10 +76,16 @@ def get_key(env_name: str, worker: str = "") -> str:
 
 
 def _secret_values() -> list[str]:
+    global _cached
+    now = time.monotonic()
+    if now - _cached[0] < _TTL_S:
+        return _cached[1]
     with _lock:
         names = list(_env_names)
     vals = {os.environ.get(n, "").strip() for n in names}
-    return sorted((v for v in vals if len(v) >= _MIN_SECRET_LEN), key=len, reverse=True)
+    out = sorted((v for v in vals if len(v) >= _MIN_SECRET_LEN), key=len, reverse=True)
+    _cached = (now, out)
+    return out
 
 
 def redact(text: str | None) -> str:
@@ -86,3 +102,32 @@ def redact(text: str | None) -> str:
         if v in text:
             text = text.replace(v, REDACTED)
     return _PATTERNS.sub(REDACTED, text)
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that scrubs keys from every record it passes (message and arguments)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format string must not break logging
+            message = str(record.msg)
+        clean = redact(message)
+        if clean != message or record.args:
+            record.msg, record.args = clean, ()
+        return True
+
+
+def redacting_logger(name: str) -> logging.Logger:
+    """A logger whose records are scrubbed before any handler sees them.
+
+    >>> import os; os.environ["CONDUCTOR_DOCTEST_KEY2"] = "k-abcdef123"; _ = get_key("CONDUCTOR_DOCTEST_KEY2")
+    >>> log = redacting_logger("conductor.doctest")
+    >>> rec = log.makeRecord(log.name, logging.INFO, __file__, 1, "key %s", ("k-abcdef123",), None)
+    >>> log.filters[0].filter(rec) and rec.getMessage()
+    'key [REDACTED]'
+    """
+    log = logging.getLogger(name)
+    if not any(isinstance(f, RedactingFilter) for f in log.filters):
+        log.addFilter(RedactingFilter())
+    return log

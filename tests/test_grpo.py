@@ -274,3 +274,51 @@ def test_real_grpo_step_on_smollm2_135m(tmp_path):
     w0, w1 = load_file(ckpt / "model.safetensors"), load_file(Path(out) / "model.safetensors")
     changed = [k for k in w1 if k in w0 and not torch.equal(w0[k], w1[k])]
     assert len(changed) > 10
+
+
+def test_shared_prompt_forward_gives_the_same_logprobs_and_gradients(tiny):
+    from conductor.grpo.samples import Sample
+    from conductor.grpo.trainer import PolicyTrainer, _batch, completion_logprobs, encode
+
+    tr = PolicyTrainer(str(tiny), GRPOConfig.cpu(total_iterations=2))
+    comps = ["model_id = [1]", "model_id = [0, 2]\nsubtasks = ['a', 'b']", "x"]
+    enc = [encode(tr.tokenizer, Sample("t", 0, ("r", "q"), "Route: what is 2+2?", c, 0.0), tr.cfg) for c in comps]
+    results = []
+    for share in (False, True):
+        tr.model.zero_grad()
+        b = _batch(enc, tr.tokenizer.pad_token_id, "cpu", share)
+        assert b["shared"] is share
+        lp = completion_logprobs(tr.model, b, 1.0)
+        (lp * b["completion_mask"]).sum().backward()
+        results.append((lp.detach() * b["completion_mask"], {n: p.grad.clone() for n, p in tr.model.named_parameters()}))
+    (lp0, g0), (lp1, g1) = results
+    assert torch.allclose(lp0, lp1, atol=1e-5)
+    for n in g0:
+        assert torch.allclose(g0[n], g1[n], atol=1e-6, rtol=1e-4), n
+
+
+def test_training_with_and_without_prompt_sharing_gives_the_same_update(tiny):
+    from conductor.grpo.trainer import PolicyTrainer
+
+    ts = rollout("r", "q1", [1.0, 0.0, 0.5, 1.0]) + rollout("r", "q2", [0.0, 1.0, 1.0], prompt="Route: other?")
+    metrics, weights = [], []
+    for share in (False, True):
+        tr = PolicyTrainer(str(tiny), GRPOConfig.cpu(learning_rate=1e-3, total_iterations=2, share_prompt_forward=share,
+                                                     micro_batch_size=8))
+        metrics.append(tr.step(ts))
+        weights.append({n: p.detach().clone() for n, p in tr.model.named_parameters()})
+    assert metrics[0]["grad_norm"] == pytest.approx(metrics[1]["grad_norm"], rel=1e-4)
+    assert metrics[0]["loss"] == pytest.approx(metrics[1]["loss"], abs=1e-6)
+    # Adam divides by sqrt(v): float noise on near-zero gradients can move a weight by up to ~lr, no more
+    for n in weights[0]:
+        assert torch.allclose(weights[0][n], weights[1][n], atol=1e-3), n
+
+
+def test_bf16_mixed_precision_keeps_fp32_weights_and_trains(tiny):
+    from conductor.grpo.trainer import PolicyTrainer
+
+    tr = PolicyTrainer(str(tiny), GRPOConfig.cpu(dtype="bf16-mixed", learning_rate=1e-3, total_iterations=2))
+    w0 = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
+    m = tr.step(rollout("r", "q", [1.0, 0.0]))
+    assert all(p.dtype == torch.float32 for p in tr.model.parameters())   # master weights stay fp32
+    assert math.isfinite(m["loss"]) and any(not torch.equal(w0[n], p) for n, p in tr.model.named_parameters())

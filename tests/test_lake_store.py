@@ -180,3 +180,14 @@ def test_every_column_is_documented():
     for schema in (TRAJECTORIES_SCHEMA, CALLS_SCHEMA):
         missing = [n for n in schema.names if f"`{n}`" not in doc]
         assert not missing, f"columns missing from docs/schema.md: {missing}"
+
+
+def test_files_from_a_newer_writer_read_without_their_new_columns(tmp_path):
+    row = _drop_keys(trajectory_row(traj("new", "gsm8k/9", 0)))
+    row["future_score"] = 0.25
+    schema = file_schema("trajectories").append(pa.field("future_score", pa.float64()))
+    schema = schema.with_metadata({b"conductor.schema_version": str(SCHEMA_VERSION + 1).encode()})
+    _write_raw(tmp_path, "trajectories", "kind=rollout/date=2026-11-20/run_id=new", "shard-0.parquet",
+               pa.Table.from_pylist([row], schema=schema))
+    df = scan(str(tmp_path)).collect()
+    assert df.height == 1 and "future_score" not in df.columns and df["n_steps"].item() == 1

@@ -165,3 +165,20 @@ def test_conductor_as_worker_uses_bound_policy() -> None:
         unbind_conductor()
     assert c.text == "policy saw 10 chars" and (c.input_tokens, c.output_tokens) == (5, 3)
     assert policy.prompts == ["route this"]
+
+
+def test_preflight_names_impossible_limits_and_missing_keys(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from conductor.cli import app
+
+    os.environ.pop("EMU_PREFLIGHT_UNSET", None)
+    manifest = tmp_path / "pool.yaml"
+    manifest.write_text(
+        "pool_id: p\nworkers:\n"
+        "  - {name: tiny, provider: openai_compatible, model: m, base_url: 'http://127.0.0.1:9/v1',\n"
+        "     limits: {tokens_per_minute: 100}}\n"
+        "  - {name: nokey, provider: anthropic, model: c, api_key_env: EMU_PREFLIGHT_UNSET}\n")
+    r = CliRunner().invoke(app, ["preflight", str(manifest)])
+    assert r.exit_code == 2
+    assert "tokens_per_minute 100" in r.output and "EMU_PREFLIGHT_UNSET is not set" in r.output

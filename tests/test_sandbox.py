@@ -46,19 +46,27 @@ def test_memory_bomb_is_stopped():
     assert r.status == "memory" and "allocated" not in r.stdout
 
 
-def _count_procs() -> int:
-    return sum(1 for p in os.listdir("/proc") if p.isdigit())
+def _sandbox_uid_procs() -> int:
+    """Processes running under a sandbox uid (>= 200000); other jobs on the host do not disturb the count."""
+    n = 0
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                n += os.stat(f"/proc/{p}").st_uid >= 200_000
+            except OSError:
+                pass
+    return n
 
 
 def test_fork_bomb_is_contained_and_cleaned_up():
-    before = _count_procs()
+    before = _sandbox_uid_procs()
     r = SB.run("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
                limits=Limits(wall_s=2, nproc=32))
     assert r.status in ("timeout", "error")
     deadline = time.monotonic() + 5
-    while _count_procs() > before + 2 and time.monotonic() < deadline:
+    while _sandbox_uid_procs() > before and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _count_procs() <= before + 2
+    assert _sandbox_uid_procs() <= before
 
 
 def test_escaped_daemon_is_killed():
@@ -161,3 +169,73 @@ def test_namespaces_in_use_when_root():
     if os.geteuid() == 0:
         assert namespaces_available(), "root with util-linux unshare should get namespaces"
         assert SB.isolation.startswith("namespaces")
+
+
+def _sandboxed_pids() -> set[int]:
+    pids = set()
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                with open(f"/proc/{p}/cmdline", "rb") as fh:
+                    cmd = fh.read()
+                if cmd.endswith(b"main.py\x00") and os.stat(f"/proc/{p}").st_uid >= 200_000:
+                    pids.add(int(p))
+            except OSError:
+                pass
+    return pids
+
+
+def test_run_ends_even_if_the_parent_dies_first():
+    import subprocess
+    import sys
+
+    # the child starts a sleeping sandboxed program, waits until it runs, then dies without cleaning up
+    script = ("import os, threading, time, sys\nsys.path.insert(0, 'tests')\n"
+              "from test_sandbox import _sandboxed_pids\nfrom conductor.sandbox import Sandbox, Limits\n"
+              "sb = Sandbox(Limits(wall_s=4))\nbefore = _sandboxed_pids()\n"
+              "threading.Thread(target=lambda: sb.run('import time\\ntime.sleep(1000)'), daemon=True).start()\n"
+              "deadline = time.monotonic() + 15\n"
+              "while not _sandboxed_pids() - before and time.monotonic() < deadline:\n    time.sleep(0.05)\n"
+              "os._exit(0)\n")
+    import glob
+    import shutil
+    import tempfile
+
+    pattern = os.path.join(tempfile.gettempdir(), "conductor-sbx-*")
+    dirs_before = set(glob.glob(pattern))
+    before = _sandboxed_pids()
+    subprocess.run([sys.executable, "-c", script], cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                   check=True, timeout=60)
+    orphans = _sandboxed_pids() - before
+    assert orphans, "the sleeping program should still be running right after its parent died"
+    deadline = time.monotonic() + 30     # the launcher's backstop fires at wall_s + 5 = 9 s
+    while orphans & _sandboxed_pids() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not orphans & _sandboxed_pids()
+    for leftover in set(glob.glob(pattern)) - dirs_before:   # the dead parent never removed its temp dir
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def test_broken_sandbox_is_an_infra_error_not_a_wrong_answer():
+    broken = Sandbox(Limits(wall_s=4), python="/nonexistent/python3")
+    r = broken.run("print(1)")
+    assert r.status == "infra" and r.detail
+    res = CodeGrader(broken).grade({"tests": "def check(c):\n    assert c() == 1\n", "entry_point": "f"},
+                                   "def f():\n    return 1\n")
+    assert res.correct is False and res.error and res.error.startswith("sandbox:")
+
+
+def test_extra_files_land_in_the_work_dir_and_cannot_escape():
+    r = SB.run("print(open('data/in.txt').read())", files={"data/in.txt": "hello"})
+    assert r.stdout.strip() == "hello"
+    with pytest.raises(ValueError, match="escapes the work dir"):
+        SB.run("pass", files={"../evil.txt": "x"})
+
+
+def test_filling_the_disk_or_inodes_is_stopped():
+    r = SB.run("for i in range(20):\n    open(f'f{i}', 'wb').write(b'x' * (8 << 20))\nprint('wrote all')",
+               limits=Limits(wall_s=10, disk_mb=32))
+    assert r.status == "error" and "No space left" in r.stderr and "wrote all" not in r.stdout
+    r = SB.run("for i in range(100000):\n    open(f'f{i}', 'w').close()\nprint('made all')",
+               limits=Limits(wall_s=10, inodes=500))
+    assert r.status == "error" and "No space left" in r.stderr

@@ -15,11 +15,11 @@ deploy_app = typer.Typer(help="Scheduled deployments: nightly retraining and sch
 app.add_typer(deploy_app, name="deploy")
 
 
-def _specs(only: List[str], cron: List[str], interval: List[str], param: List[str]):
+def _specs(only: List[str], cron: List[str], interval: List[str], param: List[str], env=None):
     from flows.deployments import DeploymentConfigError, apply_overrides, deployment_specs
 
     try:
-        return apply_overrides(deployment_specs(), only=only, cron=cron, interval=interval, params=param)
+        return apply_overrides(deployment_specs(env), only=only, cron=cron, interval=interval, params=param)
     except DeploymentConfigError as e:
         fail(str(e))
 
@@ -51,19 +51,30 @@ def _registered() -> dict:
         fail("--server needs PREFECT_API_URL (start one with `bash infra/prefect-server.sh start`)")
     import anyio
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
-    from prefect.client.schemas.sorting import FlowRunSort
+    from prefect.client.schemas.filters import (DeploymentFilter, DeploymentFilterId, FlowRunFilter, FlowRunFilterStartTime,
+                                                FlowRunFilterState, FlowRunFilterStateType)
+    from prefect.client.schemas.objects import StateType
+    from prefect.client.schemas.sorting import DeploymentSort, FlowRunSort
 
     async def fetch() -> dict:
         out = {}
         async with get_client() as client:
-            for d in await client.read_deployments():
-                runs = await client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[d.id])),
-                                                   sort=FlowRunSort.START_TIME_DESC, limit=1)
-                last = runs[0] if runs else None
+            # explicit sort and limit: prefect 3.8.8's client sends null defaults that the server rejects (422)
+            for d in await client.read_deployments(sort=DeploymentSort.NAME_ASC, limit=200):
+                dep = DeploymentFilter(id=DeploymentFilterId(any_=[d.id]))
+                started = await client.read_flow_runs(
+                    deployment_filter=dep, flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(is_null_=False)),
+                    sort=FlowRunSort.START_TIME_DESC, limit=1)
+                upcoming = await client.read_flow_runs(
+                    deployment_filter=dep, flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+                        type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))),
+                    sort=FlowRunSort.EXPECTED_START_TIME_ASC, limit=1)
+                last, nxt = (started[0] if started else None), (upcoming[0] if upcoming else None)
                 out[d.name] = {"id": str(d.id), "paused": d.paused,
+                               "schedules": [str(s.schedule) for s in d.schedules],
                                "last_run": ({"name": last.name, "state": last.state_name,
-                                             "start": str(last.start_time)} if last else None)}
+                                             "start": str(last.start_time)} if last else None),
+                               "next_run": str(nxt.expected_start_time) if nxt else None}
         return out
 
     try:
@@ -125,8 +136,10 @@ def run_cmd(name: str = typer.Argument(..., help="Deployment name, e.g. schedule
 
 
 @deploy_app.command("yaml")
-def yaml_cmd(only: List[str] = ONLY, cron: List[str] = CRON, interval: List[str] = INTERVAL, param: List[str] = PARAM) -> None:
-    """Print the prefect.yaml for `prefect deploy` (the shipped infra/prefect.yaml is this with no options)."""
-    from flows.deployments import prefect_yaml
+def yaml_cmd(only: List[str] = ONLY, cron: List[str] = CRON, interval: List[str] = INTERVAL, param: List[str] = PARAM,
+             image_env: bool = typer.Option(False, "--image-env", help="Use the paths inside our images instead of "
+                                            "this shell's CONDUCTOR_* variables (how infra/prefect.yaml is made).")) -> None:
+    """Print the prefect.yaml for `prefect deploy` (infra/prefect.yaml is `conductor deploy yaml --image-env`)."""
+    from flows.deployments import IMAGE_ENV, prefect_yaml
 
-    typer.echo(prefect_yaml(_specs(only, cron, interval, param)), nl=False)
+    typer.echo(prefect_yaml(_specs(only, cron, interval, param, IMAGE_ENV if image_env else None)), nl=False)

@@ -21,7 +21,8 @@ from conductor.sandbox import Limits, Sandbox, SandboxResult, default_sandbox
 
 def humaneval_program(code: str, tests: str, entry_point: str | None, prompt: str | None = None) -> str:
     """The script run for a function-style item: solution, the tests, then ``check(entry_point)``.
-    If the solution is only a body (no ``def entry_point``), the function prompt is put in front.
+    The function prompt goes in front: a body-only completion continues it; a full solution follows
+    it (so imports and helper functions the prompt defines, like ``List``, stay available).
 
     >>> print(humaneval_program("def f(x):\\n    return x\\n", "def check(c):\\n    assert c(1) == 1\\n", "f"))
     def f(x):
@@ -35,8 +36,11 @@ def humaneval_program(code: str, tests: str, entry_point: str | None, prompt: st
     check(f)
     <BLANKLINE>
     """
-    if entry_point and prompt and not re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", code, re.M):
-        code = prompt + code
+    if prompt:
+        if entry_point and not re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", code, re.M):
+            code = prompt + code                  # a body-only completion
+        else:
+            code = f"{prompt.rstrip()}\n\n\n{code}"  # keeps the prompt's imports and helpers; the solution redefines
     program = f"{code.rstrip()}\n\n\n{tests.rstrip()}\n"
     if entry_point:
         program += f"\n\ncheck({entry_point})\n"
@@ -57,6 +61,17 @@ def outputs_match(got: str, expected: str) -> bool:
 def _failure(result: SandboxResult) -> str:
     tail = result.stderr.strip().splitlines()[-1:] if result.stderr.strip() else []
     return f"{result.status}" + (f": {tail[0][:200]}" if tail else "")
+
+
+def _check_case(n: int, case: Mapping[str, Any], result: SandboxResult, code: str) -> GradeResult | None:
+    """The verdict if stdin/stdout case ``n`` settles the grade (a failure), else None."""
+    if result.status == "infra":
+        return GradeResult(False, code, f"sandbox: {result.detail}")
+    if not result.ok:
+        return GradeResult(False, code, None, f"test {n}: {_failure(result)}")
+    if not outputs_match(result.stdout, str(case["output"])):
+        return GradeResult(False, code, None, f"test {n}: wrong output")
+    return None
 
 
 class CodeGrader:
@@ -86,13 +101,16 @@ class CodeGrader:
             for n, case in enumerate(tests):
                 if not isinstance(case, Mapping) or "input" not in case or "output" not in case:
                     return GradeResult(False, code, f"test {n}: expected {{'input', 'output'}}")
-                result = self.sandbox.run(code, stdin=str(case["input"]), limits=self.limits)
-                if result.status == "infra":
-                    return GradeResult(False, code, f"sandbox: {result.detail}")
-                if not result.ok:
-                    return GradeResult(False, code, None, f"test {n}: {_failure(result)}")
-                if not outputs_match(result.stdout, str(case["output"])):
-                    return GradeResult(False, code, None, f"test {n}: wrong output")
+            # the first case alone (most wrong programs fail it), then the rest in parallel
+            first = self.sandbox.run(code, stdin=str(tests[0]["input"]), limits=self.limits)
+            verdict = _check_case(0, tests[0], first, code)
+            if verdict is not None:
+                return verdict
+            rest = self.sandbox.run_many([(code, str(c["input"])) for c in tests[1:]], limits=self.limits)
+            for n, (case, result) in enumerate(zip(tests[1:], rest), 1):
+                verdict = _check_case(n, case, result, code)
+                if verdict is not None:
+                    return verdict
             return GradeResult(True, code)
         return GradeResult(False, code, "question has no tests")
 

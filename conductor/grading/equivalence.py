@@ -40,10 +40,10 @@ def quick_verdict(gold: str, pred: str) -> bool | None:
 
     >>> quick_verdict("18", "18.0"), quick_verdict("18", "19"), quick_verdict(r"\\frac{1}{2}", "0.5")
     (True, False, True)
-    >>> quick_verdict(r"\\sqrt{2}", r"2^{1/2}") is None
-    True
+    >>> quick_verdict(r"\\sqrt{2}", r"2^{1/2}") is None, quick_verdict("3i", "3") is None
+    (True, True)
     """
-    a, b = to_number(gold), to_number(pred)
+    a, b = to_number(gold, units=False), to_number(pred, units=False)
     if a is not None and b is not None:
         return numbers_equal(a, b)
     if normalize_latex(gold) == normalize_latex(pred):

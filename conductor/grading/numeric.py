@@ -15,23 +15,27 @@ _TEXT_RE = re.compile(r"\\(?:text|textbf|mathrm|mbox|textrm)\s*\{([^{}]*)\}")
 _FRAC_RE = re.compile(r"^(-?)\\[dt]?frac\s*\{\s*(-?[\d.]+)\s*\}\s*\{\s*(-?[\d.]+)\s*\}$")
 _FRAC_SHORT_RE = re.compile(r"^(-?)\\[dt]?frac(\d)(\d)$")
 _THOUSANDS_RE = re.compile(r"(?<!\d)(\d{1,3}(?:,\d{3})+)(?![\d,])")
-_NUM_THEN_WORDS = re.compile(r"^(-?(?:\d+\.?\d*|\.\d+)(?:/\d+)?)\s*(?:[a-zA-Z°][a-zA-Z°. /^\d-]*)?$")
+_NUM_THEN_WORDS = re.compile(r"^(-?(?:\d+\.?\d*|\.\d+)(?:/\d+)?)\s*(?:[a-zA-Z°](?:[a-zA-Z°. /-]|\^\d)*)?$")
 
 
-def to_number(text: Any) -> float | None:
-    """A float from a numeric answer, or None when it is not a plain number.
+def to_number(text: Any, units: bool = True) -> float | None:
+    """A float from a numeric answer, or None when it is not a plain number. With
+    ``units=False`` only ``\\text{..}`` units may follow the number (so ``5x`` is not 5).
 
     >>> [to_number(s) for s in ["$1,200", "25\\\\%", "18 dollars", "\\\\frac{3}{4}", "x = -5", "3/4", "1,2"]]
     [1200.0, 25.0, 18.0, 0.75, -5.0, 0.75, None]
-    >>> to_number("\\\\sqrt{2}") is None
-    True
+    >>> to_number("18 or 19") is None, to_number("3 m/s^2"), to_number("12 km^2")
+    (True, 3.0, 12.0)
+    >>> to_number("\\\\sqrt{2}") is None, to_number("5x", units=False) is None, to_number("5\\\\text{ cm}", units=False)
+    (True, True, 5.0)
     """
     if text is None:
         return None
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         return float(text)
     t = str(text).strip()
-    t = _TEXT_RE.sub(lambda m: " " + m.group(1) + " ", t)
+    t = _TEXT_RE.sub(lambda m: " " + m.group(1) + " " if units or not re.fullmatch(r"[\sa-zA-Z.]*", m.group(1))
+                     else " ", t)
     for junk in ("\\$", "$", "\\%", "%", "\\!", "\\,", "\\;", "{,}", "\\left", "\\right", "^\\circ", "^{\\circ}", "°"):
         t = t.replace(junk, "")
     t = t.replace("−", "-").replace("–", "-").strip()
@@ -47,7 +51,7 @@ def to_number(text: Any) -> float | None:
         except (ValueError, ZeroDivisionError):
             return None
         return -value if m.group(1) else value
-    m = _NUM_THEN_WORDS.match(t)
+    m = _NUM_THEN_WORDS.match(t) if units else re.match(r"^(-?(?:\d+\.?\d*|\.\d+)(?:/\d+)?)$", t)
     if not m:
         return None
     num = m.group(1)

@@ -51,8 +51,12 @@ class GRPOConfig(BaseModel):
     optimizer_steps_per_batch: int = Field(1, ge=1)    # split one rollout batch into this many updates
     epochs: int = Field(1, ge=1)                       # passes over the batch (GRPO's mu)
     max_prompt_tokens: int = Field(4096, gt=0)         # longer prompts are left-truncated
+    share_prompt_forward: bool = True                  # a group's G samples share one prompt forward pass (exact;
+                                                       # off automatically with gradient checkpointing)
     # model
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"   # auto: bf16 on GPU, fp32 on CPU
+    # auto: bf16-mixed on GPU (fp32 weights and AdamW state, bf16 autocast forward), float32 on CPU.
+    # Pure bfloat16 weights lose lr-1e-6 updates to rounding: use it only with LoRA (adapters stay fp32).
+    dtype: Literal["auto", "float32", "bf16-mixed", "bfloat16", "float16"] = "auto"
     device: str = "auto"
     gradient_checkpointing: bool = False
     lora_r: int = Field(0, ge=0)                       # 0 = full fine-tuning
@@ -68,7 +72,7 @@ class GRPOConfig(BaseModel):
 
     @classmethod
     def paper(cls, **overrides: Any) -> "GRPOConfig":
-        """The paper's setting for 2 x H100 (bf16, gradient checkpointing)."""
+        """The paper's optimisation setting on GPU (bf16 mixed precision, gradient checkpointing)."""
         return cls(**{**_PAPER, **overrides})
 
     @classmethod
@@ -109,7 +113,7 @@ class GRPOConfig(BaseModel):
         return json.loads(self.model_dump_json())
 
 
-_PAPER = dict(micro_batch_size=8, gradient_checkpointing=True, dtype="bfloat16")
+_PAPER = dict(micro_batch_size=8, gradient_checkpointing=True, dtype="bf16-mixed", device="cuda")
 _CPU = dict(learning_rate=1e-5, total_iterations=30, warmup_ratio=0.03, micro_batch_size=4,
             dtype="float32", device="cpu", max_completion_tokens=256, max_prompt_tokens=2048)
 _PRESETS: dict[str | None, dict[str, Any]] = {"paper": _PAPER, "cpu": _CPU}

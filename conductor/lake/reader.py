@@ -128,6 +128,7 @@ class Lake:
             self.list_files("trajectories", **partitions)
         loc = self.location
         base = loc.path(table)
+        loc.fs.invalidate_cache(base)   # s3fs caches listings; other processes may have written since
         paths = sorted(loc.fs.glob(base + "/**/*.parquet")) if loc.fs.exists(base) else []
         good: list[str] = []
         for p in paths:
@@ -153,7 +154,7 @@ class Lake:
             if table == "calls" and not self._committed(rel, write_id, uri):
                 continue
             version = (meta.metadata or {}).get(METADATA_VERSION_KEY)
-            if version and int(version) > SCHEMA_VERSION:
+            if version and version.isdigit() and int(version) > SCHEMA_VERSION:
                 log.info("lake: %s was written with schema v%s (this reader: v%d); new columns ignored",
                          uri, version.decode(), SCHEMA_VERSION)
             good.append(uri)

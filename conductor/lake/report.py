@@ -54,6 +54,7 @@ def plot_accuracy_vs_cost(df: pl.DataFrame, path: Path) -> Path:
         ax.scatter(row["dollars_per_question"], row["accuracy"], s=20 + 4 * row["n_questions"] ** 0.5)
         ax.annotate(" / ".join(str(row[c]) for c in label_cols), (row["dollars_per_question"], row["accuracy"]),
                     fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.margins(x=0.2, y=0.1)
     ax.set_xlabel("dollars per question (mean over samples)")
     ax.set_ylabel("accuracy")
     ax.set_title("Accuracy vs cost")
@@ -114,7 +115,10 @@ def plot_failures(df: pl.DataFrame, path: Path) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, max(2.5, 0.35 * df.height + 1.2)))
     labels = [f"{r['source']}: {r['cls']}" for r in df.iter_rows(named=True)]
-    ax.barh(labels, df.get_column("n").to_list() if df.height else [])
+    sources = sorted(set(df.get_column("source").to_list())) if df.height else []
+    palette = {s: f"C{i}" for i, s in enumerate(sources)}
+    ax.barh(labels, df.get_column("n").to_list() if df.height else [],
+            color=[palette[s] for s in df.get_column("source").to_list()] if df.height else None)
     ax.invert_yaxis()
     ax.set_xlabel("count")
     ax.set_title("Failure taxonomy" + ("" if df.height else " (no failures)"))

@@ -38,10 +38,17 @@ class TransformersBackend:
 
     @classmethod
     def load(cls, path: str | Path, gguf_file: str | None = None, *, device: str | None = None, dtype: str | None = None,
-             cache_converted: bool = True, **kwargs: Any) -> "TransformersBackend":
-        """Load a HF checkpoint dir, a ``.gguf`` file path, or (dir, gguf_file); local files only."""
+             cache_converted: bool = True, threads: int | None = None, **kwargs: Any) -> "TransformersBackend":
+        """Load a HF checkpoint dir, a ``.gguf`` file path, or (dir, gguf_file); local files only.
+
+        ``threads`` sets torch's (process-wide) CPU thread count: on a busy 2-core machine
+        one thread is many times faster than two spinning OpenMP threads.
+        """
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if threads:
+            torch.set_num_threads(threads)
 
         path = Path(path)
         if gguf_file is None and path.suffix == ".gguf":

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Callable, Literal, Protocol
 if TYPE_CHECKING:
     from conductor.pool import Worker
 
-ErrorKind = Literal["rate_limited", "timeout", "server", "malformed", "auth", "permanent", "budget", "missing_key"]
+ErrorKind = Literal["rate_limited", "timeout", "server", "malformed", "auth", "permanent", "budget", "missing_key",
+                    "cache_miss"]
 RETRYABLE: frozenset[str] = frozenset({"rate_limited", "timeout", "server", "malformed"})
 
 

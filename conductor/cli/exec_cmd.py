@@ -1,0 +1,57 @@
+"""`conductor emulator` and `conductor preflight`: run the provider emulator; check a pool before a run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+from conductor.cli import app, fail
+
+
+@app.command("emulator")
+def emulator(port: int = typer.Option(8765, help="Port on 127.0.0.1."),
+             latency: float = typer.Option(0.0, help="Seconds added to every reply."),
+             jitter: float = typer.Option(0.0, help="Uniform extra latency in [0, jitter]."),
+             rpm: float = typer.Option(None, help="Enforce this requests/min per model (429 beyond it)."),
+             config: Path = typer.Option(None, help="JSON file of emulator settings (faults, scripted replies).")) -> None:
+    """Serve the OpenAI / Anthropic / Gemini provider emulator on 127.0.0.1 (for tests, benches, dry runs)."""
+    from conductor.emulator import main
+
+    if config is not None and not config.is_file():
+        fail(f"{config}: no such emulator config file")
+    argv = ["--port", str(port), "--latency", str(latency), "--jitter", str(jitter)]
+    argv += ["--rpm", str(rpm)] if rpm else []
+    argv += ["--config", str(config)] if config else []
+    main(argv)
+
+
+@app.command("preflight")
+def preflight(pool_file: Path = typer.Argument(..., help="Pool manifest (YAML).")) -> None:
+    """Check every worker can be called: API key variables set (names only), providers installed, limits possible."""
+    from conductor.pool import PoolError, load_pool
+    from conductor.providers.base import ProviderError, make_provider
+    from conductor.ratelimit import limit_problems
+
+    try:
+        pool = load_pool(pool_file)
+    except PoolError as e:
+        fail(str(e))
+    problems: list[str] = []
+    for w in pool.workers:
+        problems += limit_problems(w)
+        if w.api_key_env and not os.environ.get(w.api_key_env):
+            problems.append(f"worker {w.name}: environment variable {w.api_key_env} is not set")
+            continue
+        if w.provider in ("conductor", "simulated"):
+            continue
+        try:
+            make_provider(w)
+        except ProviderError as e:
+            problems.append(str(e))
+    for p in problems:
+        typer.echo(f"problem: {p}", err=True)
+    if problems:
+        fail(f"{pool_file}: {len(problems)} worker problem(s); first: {problems[0]}")
+    typer.echo(f"ok {pool_file} {pool.id}: {len(pool.workers)} workers callable")

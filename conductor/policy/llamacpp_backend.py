@@ -1,0 +1,141 @@
+"""Conductor sampling in-process with llama-cpp-python (GGUF on CPU, fast).
+
+WHY our own token loop instead of ``create_chat_completion``: llama-cpp-python
+only reports log-probs when the model is built with ``logits_all=True``, which
+computes the vocabulary projection for every prompt token (slow with a 150k
+vocabulary). Here llama.cpp evaluates, we read the last position's logits,
+sample with numpy (temperature, top-p) and keep the sampled token's log-prob;
+the n samples of one prompt share the prompt's KV cache (evaluated once).
+
+Log-probs are ``log_softmax(logits / temperature)`` of the sampled token (raw
+``log_softmax(logits)`` when greedy), the same convention as the transformers backend.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from conductor.policy.base import Generation, GenerationParams
+
+
+class LlamaCppBackend:
+    name = "llamacpp"
+
+    def __init__(self, model_path: str | Path, *, n_ctx: int = 8192, n_threads: int | None = None, n_batch: int = 512,
+                 system_prompt: str | None = None):
+        from llama_cpp import Llama
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        self.model_path = Path(model_path)
+        if not self.model_path.is_file():
+            raise FileNotFoundError(f"llama.cpp backend: {self.model_path} does not exist")
+        self.llm = Llama(model_path=str(self.model_path), n_ctx=n_ctx, n_batch=n_batch,
+                         n_threads=n_threads or os.cpu_count() or 1, logits_all=False, verbose=False)
+        self.system_prompt = system_prompt
+        model = self.llm._model
+        bos, eos = self.llm.token_bos(), self.llm.token_eos()
+        template = self.llm.metadata.get("tokenizer.chat_template")
+        if not template:
+            raise ValueError(f"llama.cpp backend: {self.model_path.name} has no tokenizer.chat_template in its GGUF metadata")
+        self._formatter = Jinja2ChatFormatter(template=template, eos_token=model.token_get_text(eos) if eos != -1 else "",
+                                              bos_token=model.token_get_text(bos) if bos != -1 else "")
+        self._n_vocab = self.llm.n_vocab()
+
+    # ------------------------------------------------------------ helpers
+
+    def render(self, prompt: str) -> str:
+        messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else []) + [
+            {"role": "user", "content": prompt}]
+        return self._formatter(messages=messages).prompt
+
+    def _is_end(self, token: int) -> bool:
+        import llama_cpp
+
+        return bool(llama_cpp.llama_vocab_is_eog(self.llm._model.vocab, token))
+
+    def _last_logits(self) -> Any:
+        import llama_cpp
+        import numpy as np
+
+        ptr = llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self._n_vocab,)).astype(np.float64)
+
+    # ------------------------------------------------------------ generation
+
+    def generate(self, prompts: list[str], n: int, params: GenerationParams) -> list[list[Generation]]:
+        import numpy as np
+
+        rng = np.random.default_rng(params.seed)
+        out: list[list[Generation]] = []
+        for prompt in prompts:
+            ids = self.llm.tokenize(self.render(prompt).encode("utf-8"), add_bos=False, special=True)  # the template adds any BOS it wants
+            if len(ids) + 1 >= self.llm.n_ctx():
+                raise ValueError(f"llama.cpp backend: prompt of {len(ids)} tokens does not fit n_ctx={self.llm.n_ctx()}")
+            self.llm.reset()
+            self.llm.eval(ids)
+            first_logits = self._last_logits()
+            out.append([self._sample_one(ids, first_logits, params, rng) for _ in range(n)])
+        return out
+
+    def _sample_one(self, prompt_ids: list[int], first_logits: Any, params: GenerationParams, rng: Any) -> Generation:
+        import numpy as np
+
+        llm = self.llm
+        llm.n_tokens = len(prompt_ids)           # drop the previous sample; eval() clears the KV cache past here
+        logits = first_logits
+        budget = min(params.max_tokens, llm.n_ctx() - len(prompt_ids))
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        finish = "length"
+        text = ""
+        for _ in range(budget):
+            scaled = logits / params.temperature if params.temperature > 0 else logits
+            logp = scaled - np.logaddexp.reduce(scaled)
+            token = int(np.argmax(logp)) if params.temperature <= 0 else _sample_top_p(logp, params.top_p, rng)
+            tokens.append(token)
+            logprobs.append(float(logp[token]))
+            if self._is_end(token):
+                finish = "stop"
+                break
+            if params.stop:
+                text = llm.detokenize(tokens).decode("utf-8", errors="ignore")
+                if any(s in text for s in params.stop):
+                    finish = "stop"
+                    break
+            llm.eval([token])
+            logits = self._last_logits()
+        text = llm.detokenize([t for t in tokens if not self._is_end(t)]).decode("utf-8", errors="ignore")
+        for s in params.stop:
+            cut = text.find(s)
+            if cut >= 0:
+                text = text[:cut]
+        if not all(math.isfinite(x) for x in logprobs):
+            raise ValueError(f"llama.cpp backend ({self.model_path.name}): non-finite log-prob in a sampled completion")
+        return Generation(text=text, token_ids=tokens, logprobs=logprobs if params.logprobs else None,
+                          finish_reason=finish, prompt_token_ids=list(prompt_ids))
+
+    def close(self) -> None:
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            llm.close()
+
+
+def _sample_top_p(logp: Any, top_p: float, rng: Any) -> int:
+    """Sample from exp(logp), restricted to the smallest set with mass >= top_p.
+
+    >>> import numpy as np
+    >>> _sample_top_p(np.log(np.array([0.7, 0.2, 0.1])), 0.5, np.random.default_rng(0))
+    0
+    """
+    import numpy as np
+
+    p = np.exp(logp)
+    if top_p < 1.0:
+        order = np.argsort(-p)
+        keep = order[: int(np.searchsorted(np.cumsum(p[order]), top_p) + 1)]
+        q = p[keep] / p[keep].sum()
+        return int(keep[rng.choice(len(keep), p=q)])
+    return int(rng.choice(len(p), p=p / p.sum()))

@@ -1,0 +1,97 @@
+"""Bulk answering end to end through real Prefect (ephemeral), the real lake and the simulated pool.
+
+The conductor here is the fixed single-worker policy (no model needed) or a scripted policy that writes
+malformed workflows; the real-model end-to-end runs are in test_answer_model.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from conductor import pipeline
+from conductor.lake.reader import scan
+from conductor.policy.base import Generation
+from conductor.pool import load_pool
+from conductor.questions import Question
+
+ROOT = Path(__file__).resolve().parent.parent
+SIM_POOL = str(ROOT / "data/pools/simulated.yaml")
+
+
+@pytest.fixture()
+def questions_file(tmp_path):
+    rows = [{"id": f"q{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(7)]
+    f = tmp_path / "q.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return f
+
+
+def test_answer_flow_writes_lake_answers_report_and_resumes(tmp_path, questions_file):
+    from flows.answer import answer_flow
+
+    out = tmp_path / "out"
+    s1 = answer_flow(questions=str(questions_file), out=str(out), pool=SIM_POOL, conductor="fixed:0",
+                     shard_size=3, show_progress=False)
+    assert s1["questions"] == 7 and s1["trajectories"] == 7 and s1["graded"] == 7
+    assert s1["parse_failures"] == 0 and s1["infra_failures"] == 0
+    assert s1["calls_per_question"] == 1.0 and s1["dollars_per_question"] > 0
+    answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+    assert [a["question_id"] for a in answers] == sorted(f"q{i}" for i in range(7))  # the user's own ids
+    assert all(a["extracted_answer"] is not None for a in answers)
+    assert (out / "report" / "report.md").is_file() and (out / "summary.json").is_file()
+    lake = str(out / "lake")
+    shard_files = sorted((out / "lake" / "trajectories").rglob("*.parquet"))
+    assert len(shard_files) == 3
+
+    # a crash before the last shard was committed: its file is missing; the rerun redoes only that shard
+    shard_files[-1].unlink()
+    s2 = answer_flow(questions=str(questions_file), out=str(out), pool=SIM_POOL, conductor="fixed:0",
+                     shard_size=3, show_progress=False)
+    df = scan(lake).collect()
+    assert df.height == 7 and df["trajectory_id"].n_unique() == 7
+    assert s2["accuracy"] == s1["accuracy"]
+    # the cache made the redone shard free of provider calls
+    calls = scan(lake, "calls").collect()
+    assert calls.filter(pl.col("cache_hit")).height >= 1
+
+
+class ScriptedConductor:
+    """A conductor whose completions are given: the malformed outputs a real small model writes."""
+
+    name = "scripted"
+
+    def __init__(self, texts):
+        self.texts = texts
+
+    def generate(self, prompts, n, params):
+        return [[Generation(text=self.texts[(i * n + j) % len(self.texts)]) for j in range(n)] for i in range(len(prompts))]
+
+    def close(self):
+        pass
+
+
+def test_malformed_conductor_outputs_are_scored_and_recorded(tmp_path):
+    from conductor.executor import Executor
+    from conductor.lake.writer import write_shard
+
+    pool = load_pool(SIM_POOL)
+    qs = [Question(id=f"m{i}", dataset="t", domain="math", prompt=f"What is {i}*3?", gold=str(3 * i)) for i in range(2)]
+    texts = ["I think Model 0 should do it.",                                       # no lists: reward 0
+             "model_id = [9]\nsubtasks = ['x']\naccess_list = [[]]",                # out of range: invalid, 0
+             "model_id = [0]\nsubtasks = ['Solve it.']\naccess_list = [[]]"]        # fine
+    spec = pipeline.RunSpec(run_id="malformed", kind="answer", pool=pool, samples=3)
+    trajs = pipeline.run_shard(qs, spec, ScriptedConductor(texts), Executor(), shard="s0")
+    status = sorted(t.parse_status for t in trajs)
+    assert status.count("parse_error") == 2 and status.count("invalid") == 2 and status.count("ok") == 2
+    for t in trajs:
+        if t.parse_status != "ok":
+            assert t.reward == 0.0 and not t.calls and t.rounds[0].parse_error
+        else:
+            assert t.reward in (0.5, 1.0) and len(t.calls) == 1
+    write_shard(str(tmp_path / "lake"), trajs, "s0")
+    df = scan(str(tmp_path / "lake")).collect()
+    assert df.height == 6 and set(df["parse_status"]) == {"ok", "parse_error", "invalid"}

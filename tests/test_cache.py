@@ -1,0 +1,117 @@
+"""Response cache: content addressing, replay without calls, concurrent writers (threads and processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conductor.cache import ResponseCache, cache_key
+from conductor.cost import summarize_run
+from conductor.emulator import Emulator
+from conductor.executor import Executor
+from conductor.pool import Worker
+from conductor.providers.base import Completion, Message
+from conductor.recursion import run_batch
+from tests.fixtures_emulator import emu, emulator, lists, make_traj, three_provider_pool  # noqa: F401
+
+ROOT = Path(__file__).resolve().parent.parent
+WF = lists([0, 1, 2], ["Solve.", "Solve again.", "Pick the better answer."], [[], [], ["all"]])
+
+
+def test_key_covers_everything_that_changes_a_reply() -> None:
+    base = Worker(name="a", provider="openai", model="m")
+    msgs = [Message("user", "q")]
+    k = cache_key(base, msgs)
+    variants = [
+        Worker(name="a", provider="openai", model="m2"),
+        Worker(name="a", provider="openai_compatible", model="m", base_url="http://127.0.0.1:1/v1"),
+        Worker(name="a", provider="openai", model="m", sampling={"temperature": 0.7}),
+        Worker(name="a", provider="openai", model="m", options={"extra_body": {"x": 1}}),
+    ]
+    assert len({k, *(cache_key(w, msgs) for w in variants)}) == 5
+    assert cache_key(base, [Message("user", "q2")]) != k and cache_key(base, msgs, 1) != k
+
+
+def test_put_get_and_first_writer_wins(tmp_path: Path) -> None:
+    w = Worker(name="a", provider="openai", model="m")
+    cache = ResponseCache(tmp_path / "c.sqlite")
+
+    async def main():
+        assert await cache.get("k") is None
+        await cache.put("k", w, Completion("one", 3, 4, "stop"))
+        await cache.put("k", w, Completion("two", 5, 6, "stop"))
+        return await cache.get("k")
+
+    assert asyncio.run(main()) == Completion("one", 3, 4, "stop")
+    assert (cache.hits, cache.misses, cache.count()) == (1, 1, 1)
+    cache.close()
+
+
+def test_rerun_and_replay_make_zero_calls(emu: Emulator, tmp_path: Path) -> None:
+    pool = three_provider_pool(emu, price={"input_per_mtok": 3.0, "output_per_mtok": 15.0})
+    path = tmp_path / "responses.sqlite"
+    trajs = lambda: [make_traj(WF, question=f"q{i}", qid=f"q{i}", sample=s) for i in range(4) for s in range(2)]  # noqa: E731
+    first = run_batch(trajs(), pool.full(), Executor(cache=ResponseCache(path)))
+    n_calls = sum(v for k, v in emu.stats().items() if ":" not in k)
+    assert n_calls == 24                           # samples 0 and 1 are distinct calls
+    emu.reset()
+    again = run_batch(trajs(), pool.full(), Executor(cache=ResponseCache(path)))
+    emu.configure(api_key="nobody-has-this")       # a provider that would refuse every call
+    replay = run_batch(trajs(), pool.full(), Executor(cache=ResponseCache(path, mode="replay")))
+    assert sum(emu.stats().values()) == 0
+    for a, b, c in zip(first, again, replay):
+        assert a.final_answer == b.final_answer == c.final_answer and not c.infra_failed
+        assert all(x.cache_hit for x in b.calls + c.calls) and not any(x.cache_hit for x in a.calls)
+        assert [x.cost_usd for x in a.calls] == [x.cost_usd for x in c.calls]
+    s1, s2 = summarize_run(first), summarize_run(replay)
+    assert s1.cost_usd == pytest.approx(s2.cost_usd) and s1.cost_usd > 0
+    assert s1.spent_usd == pytest.approx(s1.cost_usd) and s2.spent_usd == 0 and s2.cache_hits == 24
+
+
+def test_replay_miss_is_an_infra_failure(emu: Emulator, tmp_path: Path) -> None:
+    pool = three_provider_pool(emu)
+    [t] = run_batch([make_traj(WF)], pool.full(), Executor(cache=ResponseCache(tmp_path / "empty.sqlite", mode="replay")))
+    assert t.infra_failed and t.infra_cause.startswith("cache_miss:") and sum(emu.stats().values()) == 0
+
+
+_WRITER = textwrap.dedent("""
+    import asyncio, sys
+    sys.path.insert(0, {root!r})
+    from conductor.cache import ResponseCache
+    from conductor.pool import Worker
+    from conductor.providers.base import Completion
+    w = Worker(name="a", provider="openai", model="m")
+    cache = ResponseCache(sys.argv[1])
+    async def main():
+        for i in range(300):
+            key = f"shared-{{i}}" if i % 2 else f"own-{{sys.argv[2]}}-{{i}}"
+            await cache.put(key, w, Completion(f"text {{i}}", 1, 1, "stop"))
+            assert (await cache.get(key)) is not None
+    asyncio.run(main())
+    cache.close()
+""")
+
+
+def test_several_processes_write_concurrently(tmp_path: Path) -> None:
+    path = tmp_path / "shared.sqlite"
+    ResponseCache(path).close()
+    code = _WRITER.format(root=str(ROOT))
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), str(n)], stderr=subprocess.PIPE) for n in range(3)]
+    errs = [p.communicate(timeout=120)[1].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errs
+    cache = ResponseCache(path, mode="read_only")
+    assert cache.count() == 150 + 3 * 150
+    cache.close()
+
+
+def test_bad_mode_and_unusable_file_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cache mode 'sometimes'"):
+        ResponseCache(tmp_path / "x.sqlite", mode="sometimes")  # type: ignore[arg-type]
+    (tmp_path / "not-a-db.sqlite").write_text("this is not a database" * 100)
+    with pytest.raises(ValueError, match="not-a-db.sqlite: cannot open the response cache"):
+        ResponseCache(tmp_path / "not-a-db.sqlite")

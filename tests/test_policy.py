@@ -1,0 +1,186 @@
+"""Conductor policy backends on the smallest real model (SmolLM2-135M GGUF).
+
+Needs the model installed (`python -m conductor.embedded smollm2-135m-instruct`);
+the llama.cpp tests also need llama-cpp-python. Generation lengths are kept short.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+from hypothesis import given, strategies as st
+
+from conductor import embedded
+from conductor.policy import GenerationParams, PolicySpecError, make_policy, parse_spec
+
+SMOL = "smollm2-135m-instruct"
+PROMPTS = ["What is 2 + 3? Answer with a number.", "Name one primary colour."]
+needs_llama = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python not installed")
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers not installed")
+
+
+def smol_path():
+    try:
+        return embedded.model_path(SMOL)
+    except embedded.EmbeddedError as e:
+        pytest.skip(str(e))
+
+
+def check_shape(result, n_prompts, n, max_tokens):
+    assert len(result) == n_prompts
+    for group in result:
+        assert len(group) == n
+        for g in group:
+            assert g.token_ids and len(g.token_ids) == len(g.logprobs) <= max_tokens
+            assert all(math.isfinite(x) and x <= 1e-6 for x in g.logprobs)
+            assert g.finish_reason in ("stop", "length")
+            assert g.prompt_token_ids, "the prompt ids are kept for training"
+
+
+# ---------------------------------------------------------------- spec parsing
+
+def test_specs_parse_into_their_parts():
+    assert parse_spec("embedded:smollm2-135m-instruct").target == SMOL
+    assert parse_spec("llamacpp:/m/x.gguf").target == "/m/x.gguf"
+    assert parse_spec("vllm:Qwen/Qwen2.5-7B-Instruct").target == "Qwen/Qwen2.5-7B-Instruct"
+    s = parse_spec("openai:qwen@http://127.0.0.1:8080/v1")
+    assert (s.target, s.base_url, s.extra) == ("qwen", "http://127.0.0.1:8080/v1", None)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("transformers:", "needs a target"),
+    ("openai:@http://x/v1", "missing model name"),
+    ("openai:m@ftp://x", "must start with http"),
+    ("gguf:/x", "unknown backend 'gguf'"),
+])
+def test_bad_specs_are_one_line_errors(spec, message):
+    with pytest.raises(PolicySpecError, match=message) as e:
+        parse_spec(spec)
+    assert "\n" not in str(e.value)
+
+
+@given(st.text(max_size=60))
+def test_parse_spec_accepts_or_rejects_any_text_cleanly(text):
+    try:
+        spec = parse_spec(text)
+    except PolicySpecError as e:
+        assert "\n" not in str(e).replace(repr(text), "")
+    else:
+        assert spec.backend in ("embedded", "llamacpp", "transformers", "vllm", "openai")
+
+
+def test_missing_paths_fail_before_loading_anything(tmp_path):
+    with pytest.raises(PolicySpecError, match="does not exist"):
+        make_policy(f"transformers:{tmp_path / 'nope'}")
+    if importlib.util.find_spec("llama_cpp") is not None:
+        with pytest.raises(PolicySpecError, match="is not a file"):
+            make_policy(f"llamacpp:{tmp_path / 'nope.gguf'}")
+
+
+# ---------------------------------------------------------------- transformers (real model)
+
+@pytest.fixture(scope="module")
+def tf_backend():
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("transformers not installed")
+    from conductor.policy.transformers_backend import TransformersBackend
+
+    backend = TransformersBackend.load(smol_path(), threads=1, batch_size=4)
+    yield backend
+    backend.close()
+
+
+@needs_torch
+def test_transformers_returns_n_samples_with_ids_and_logprobs(tf_backend):
+    result = tf_backend.generate(PROMPTS, n=2, params=GenerationParams(temperature=1.0, max_tokens=12, seed=1))
+    check_shape(result, len(PROMPTS), 2, 12)
+
+
+@needs_torch
+def test_transformers_logprobs_are_the_models_own(tf_backend):
+    """Re-score the sampled tokens with a plain forward pass: the log-probs must agree."""
+    import torch
+
+    g = tf_backend.generate(PROMPTS[:1], n=1, params=GenerationParams(temperature=1.0, max_tokens=10, seed=3))[0][0]
+    ids = torch.tensor([g.prompt_token_ids + g.token_ids])
+    with torch.inference_mode():
+        logits = tf_backend.model(ids).logits[0].float()
+    lp = torch.log_softmax(logits, -1)
+    start = len(g.prompt_token_ids)
+    rescored = [lp[start - 1 + i, t].item() for i, t in enumerate(g.token_ids)]
+    assert rescored == pytest.approx(g.logprobs, abs=2e-3)
+
+
+@needs_torch
+def test_transformers_greedy_is_deterministic_and_seeded_sampling_repeats(tf_backend):
+    greedy = GenerationParams(temperature=0.0, max_tokens=8)
+    a = tf_backend.generate(PROMPTS[:1], n=2, params=greedy)[0]
+    assert a[0].token_ids == a[1].token_ids
+    p = GenerationParams(temperature=1.0, max_tokens=8, seed=7)
+    assert [g.token_ids for g in tf_backend.generate(PROMPTS, 1, p)[0]] == [g.token_ids for g in tf_backend.generate(PROMPTS, 1, p)[0]]
+
+
+# ---------------------------------------------------------------- llama.cpp (real model)
+
+@pytest.fixture(scope="module")
+def cpp_backend():
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python not installed")
+    backend = make_policy(f"embedded:{SMOL}", n_ctx=2048) if embedded.installed().get(SMOL) else pytest.skip("model missing")
+    yield backend
+    backend.close()
+
+
+@needs_llama
+def test_llamacpp_returns_n_samples_with_ids_and_logprobs(cpp_backend):
+    assert cpp_backend.name == "llamacpp"
+    result = cpp_backend.generate(PROMPTS, n=3, params=GenerationParams(temperature=1.0, max_tokens=12, seed=1))
+    check_shape(result, len(PROMPTS), 3, 12)
+    texts = {g.text for g in result[0]}
+    assert len(texts) > 1, "three samples at T=1 should not all be identical"
+
+
+@needs_llama
+def test_llamacpp_greedy_repeats_and_seeds_reproduce(cpp_backend):
+    greedy = cpp_backend.generate(PROMPTS[:1], n=2, params=GenerationParams(temperature=0.0, max_tokens=10))[0]
+    assert greedy[0].token_ids == greedy[1].token_ids
+    p = GenerationParams(temperature=1.0, max_tokens=10, seed=11)
+    first = [g.token_ids for g in cpp_backend.generate(PROMPTS, 2, p)[1]]
+    assert first == [g.token_ids for g in cpp_backend.generate(PROMPTS, 2, p)[1]]
+
+
+@needs_llama
+def test_llamacpp_stop_strings_cut_the_text(cpp_backend):
+    g = cpp_backend.generate(["Count from 1 to 20, separated by commas."], 1,
+                             GenerationParams(temperature=0.0, max_tokens=40, stop=("5",)))[0][0]
+    assert "5" not in g.text and g.finish_reason == "stop"
+
+
+@needs_llama
+@needs_torch
+def test_llamacpp_and_transformers_agree_on_the_greedy_first_tokens(cpp_backend, tf_backend):
+    """Same weights (one de-quantised, one not): greedy decoding starts the same way."""
+    p = GenerationParams(temperature=0.0, max_tokens=4)
+    a = cpp_backend.generate(PROMPTS[:1], 1, p)[0][0]
+    b = tf_backend.generate(PROMPTS[:1], 1, p)[0][0]
+    assert a.prompt_token_ids == b.prompt_token_ids, "both apply the same chat template"
+    assert a.token_ids[:2] == b.token_ids[:2]
+
+
+# ---------------------------------------------------------------- OpenAI-compatible endpoint (llama.cpp server)
+
+@needs_llama
+def test_openai_backend_against_a_local_llamacpp_server(tmp_path):
+    from conductor.servers import LlamaServer, ServerSettings
+
+    with LlamaServer(smol_path(), alias=SMOL, settings=ServerSettings(n_ctx=2048), log_path=tmp_path / "s.log") as srv:
+        backend = make_policy(f"openai:{SMOL}@{srv.url}", concurrency=2)
+        result = backend.generate(PROMPTS, n=2, params=GenerationParams(temperature=1.0, max_tokens=8, seed=5))
+        backend.close()
+    assert [len(g) for g in result] == [2, 2]
+    for group in result:
+        for g in group:
+            assert g.text.strip() and g.finish_reason in ("stop", "length")
+            assert g.logprobs is None or all(math.isfinite(x) for x in g.logprobs)
