@@ -34,8 +34,9 @@ def answer_flow(questions: str, out: str, pool: str = DEFAULT_POOL, conductor: s
                 samples: int = 1, recursion_depth: int = 0, limit: int | None = None, shard_size: int = 5,
                 k: int | None = None, seed: int = 0, temperature: float = 0.7, max_tokens: int = 768,
                 run_id: str | None = None, cache: str | None = None, replay: bool = False,
-                show_progress: bool | None = None) -> dict[str, Any]:
-    """Answer a question set; write trajectories to OUT/lake, answers to OUT/answers.jsonl, a report to OUT/report."""
+                show_progress: bool | None = None, lake: str | None = None) -> dict[str, Any]:
+    """Answer a question set; trajectories go to the lake (OUT/lake, or any local or s3:// root given),
+    answers to OUT/answers.jsonl, a summary and report to OUT."""
     from conductor.pool import load_pool
     from conductor.progress import RunProgress
     from conductor.questionset import load_questions
@@ -48,7 +49,7 @@ def answer_flow(questions: str, out: str, pool: str = DEFAULT_POOL, conductor: s
                                      checkpoint_of(conductor), samples,
                                      recursion_depth, k, seed, temperature, max_tokens)
     out_dir = Path(out)
-    lake = str(out_dir / "lake")
+    lake = lake or str(out_dir / "lake")
     probe = RunSpec(run_id=run_id, kind="answer", pool=manifest)
     shards, todo = pending_shards(qs, probe, lake, shard_size)
     log.info("run %s: %d questions in %d shards, pool %s, conductor %s", run_id, len(qs), len(shards), manifest.id, conductor)

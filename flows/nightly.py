@@ -59,9 +59,10 @@ def nightly_flow(pool: str, train_questions: str, eval_questions: str, work_dir:
                  baselines: bool = True, force: bool = False, max_calls: int | None = None,
                  max_dollars: float | None = None, max_hours: float | None = None,
                  promotion: dict[str, Any] | None = None, shard_size: int = 4,
-                 backend: str = "transformers") -> dict[str, Any]:
+                 backend: str = "transformers", lake: str | None = None) -> dict[str, Any]:
     """``base``: the checkpoint to start from when there is no champion (directory, .gguf or s3:// URL);
-    ``backend``: the policy backend that samples rollouts from a checkpoint (``vllm`` on GPU nodes)."""
+    ``backend``: the policy backend that samples rollouts from a checkpoint (``vllm`` on GPU nodes);
+    ``lake``: where trajectories go (default WORK_DIR/lake; a local path or s3://)."""
     from prefect.artifacts import create_markdown_artifact
 
     from conductor.evaluation import EvalReport
@@ -78,7 +79,7 @@ def nightly_flow(pool: str, train_questions: str, eval_questions: str, work_dir:
     started = time.time()
     night = night or _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d")
     work = Path(work_dir)
-    lake, cache = str(work / "lake"), str(work / "cache.sqlite")
+    lake, cache = lake or str(work / "lake"), str(work / "cache.sqlite")
     reports = work / "reports" / night
     reg = Registry.open(registry or str(work / "registry"))
     manifest = load_pool(pool)

@@ -30,7 +30,7 @@ if ! "$PY" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2
 fi
 
 # 2. the project and its locked dependencies
-printf 'torch==2.13.0\nfastapi==0.154.*\n' > "$TMP/pins.txt"
+printf 'torch==2.13.0\nfastapi==0.150.*\n' > "$TMP/pins.txt"
 CONSTRAINTS=(-c "$TMP/pins.txt")
 if [ -f requirements.lock ]; then
   # Constraint files may not hold editable or direct-URL lines (pip freeze writes one for this project).
@@ -46,6 +46,11 @@ else
   if ! "$PY" -c "import llama_cpp" 2>/dev/null && ! command -v c++ >/dev/null && ! command -v g++ >/dev/null; then
     echo "warning: no C++ compiler: skipping llama-cpp-python; the embedded models will run with transformers" >&2
     EXTRAS="providers,grading,lake,flows,train,dev"
+  fi
+  if [ "$(uname -m)" = "x86_64" ] && [ -z "${CMAKE_ARGS:-}" ]; then
+    # llama.cpp's native build enables AMX kernels on CPUs that advertise AMX; in VMs whose kernel does not
+    # grant AMX state they segfault in ggml_backend_amx_mul_mat. Build a portable AVX2 binary instead.
+    export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
   fi
   "$PY" -m pip install "${CONSTRAINTS[@]}" -e ".[$EXTRAS]"
   "$PY" -c "import torch, sys; v = torch.__version__; sys.exit(f'error: torch {v} installed, expected 2.13.0' if v.split('+')[0] != '2.13.0' else 0)"

@@ -30,6 +30,8 @@ def answer_cmd(
     run_id: str = typer.Option(None, "--run-id", help="Name the run (default: derived from the inputs, so reruns resume)."),
     cache: Path = typer.Option(None, "--cache", help="Response cache (SQLite); default OUT/cache.sqlite."),
     replay: bool = typer.Option(False, "--replay", help="Answer only from the cache; never call a provider."),
+    lake: str = typer.Option(None, "--lake", help="Lake root for the trajectories: a local path or s3://bucket/prefix "
+                             "(default OUT/lake; S3 credentials from AWS_* variables)."),
 ) -> None:
     """Answer a question set with the conductor over a worker pool; resumable; prints a summary."""
     from conductor.datasets import DatasetError
@@ -49,6 +51,6 @@ def answer_cmd(
     summary = answer_flow(questions=questions, out=str(out), pool=str(pool), conductor=conductor, samples=samples,
                           recursion_depth=recursion_depth, limit=limit, shard_size=shard_size, k=k, seed=seed,
                           temperature=temperature, max_tokens=max_tokens, run_id=run_id,
-                          cache=str(cache) if cache else None, replay=replay)
+                          cache=str(cache) if cache else None, replay=replay, lake=lake)
     typer.echo(format_summary(summary))
     typer.echo(f"answers: {summary['answers']}\nreport:  {summary['report']}\nlake:    {summary['lake']}")

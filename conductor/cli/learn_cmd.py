@@ -93,6 +93,7 @@ def nightly_cmd(
     max_dollars: float = typer.Option(None, "--max-dollars", min=0.0),
     max_hours: float = typer.Option(None, "--max-hours", min=0.0),
     backend: str = typer.Option("transformers", "--backend", help="Rollout backend for checkpoints: transformers or vllm."),
+    lake: str = typer.Option(None, "--lake", help="Lake root (default WORK_DIR/lake; local path or s3://)."),
 ) -> None:
     """Retrain when the pool changed: rollouts -> GRPO x N, evaluate, promote if significantly better, report."""
     from flows.nightly import nightly_flow
@@ -106,5 +107,5 @@ def nightly_cmd(
                        work_dir=str(work_dir), base=base, registry=registry, night=night, iterations=iterations,
                        questions_per_iteration=questions_per_iteration, group_size=group_size, eval_samples=eval_samples,
                        eval_limit=eval_limit, max_tokens=max_tokens, grpo=overrides, force=force, max_calls=max_calls,
-                       max_dollars=max_dollars, max_hours=max_hours, backend=backend)
+                       max_dollars=max_dollars, max_hours=max_hours, backend=backend, lake=lake)
     typer.echo(json.dumps({k: res.get(k) for k in ("night", "status", "why", "stopped", "decision", "report")}, indent=2, default=str))

@@ -1,10 +1,15 @@
 """GRPO on stored rollouts: advantages, the clipped objective, the training step, fine-tune modes.
 
 Pure parts (``advantages``, ``modes``, ``samples``, ``config``) import no torch; ``loss`` and
-``trainer`` import torch/transformers inside their functions.
+``trainer`` import torch/transformers/trl inside their functions, so importing this package is cheap.
 """
 
 from conductor.grpo.advantages import group_advantages, trajectory_advantages
-from conductor.grpo.config import GRPOConfig
+from conductor.grpo.config import GRPOConfig, lr_at
+from conductor.grpo.modes import RandomizedPoolConfig, forced_recursion_samples, recursion_round_rewards
+from conductor.grpo.samples import build_samples
+from conductor.grpo.trainer import PolicyTrainer, TrainError, grpo_step
 
-__all__ = ["GRPOConfig", "group_advantages", "trajectory_advantages"]
+__all__ = ["GRPOConfig", "PolicyTrainer", "RandomizedPoolConfig", "TrainError", "build_samples",
+           "forced_recursion_samples", "group_advantages", "grpo_step", "lr_at", "recursion_round_rewards",
+           "trajectory_advantages"]

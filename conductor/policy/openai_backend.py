@@ -79,15 +79,20 @@ class OpenAIBackend:
             kwargs["logprobs"] = True
             if self.want_token_ids:
                 kwargs["extra_body"] = {"return_tokens_as_token_ids": True}
+        probing = want_lp and self._logprobs_ok is None
+        # While logprob support is unknown, probe without the client's retries: llama.cpp's server answers
+        # 500 (not 400) for logprobs without logits_all, and retrying that only wastes back-off time.
+        client = self.client.with_options(max_retries=0) if probing else self.client
         try:
-            resp = self.client.chat.completions.create(**kwargs)
-        except openai.BadRequestError as e:
-            if not want_lp or "logprob" not in str(e).lower():
+            resp = client.chat.completions.create(**kwargs)
+        except openai.OpenAIError as e:
+            if not probing:
                 raise
-            self._logprobs_ok = False
-            kwargs.pop("logprobs")
-            kwargs.pop("extra_body", None)
-            resp = self.client.chat.completions.create(**kwargs)
+            if "logprob" in str(e).lower():
+                self._logprobs_ok = False
+                kwargs.pop("logprobs")
+                kwargs.pop("extra_body", None)
+            resp = self.client.chat.completions.create(**kwargs)   # with the normal retry policy
         gens = []
         for choice in resp.choices:
             content = getattr(choice.logprobs, "content", None) if choice.logprobs is not None else None

@@ -106,9 +106,10 @@ class TransformersBackend:
         kwargs: dict[str, Any] = dict(
             max_new_tokens=params.max_tokens, do_sample=sample, output_logits=True, return_dict_in_generate=True,
             pad_token_id=tok.pad_token_id, eos_token_id=sorted(self.eos_ids) or None,
+            repetition_penalty=1.0, min_p=None, top_k=0,   # override checkpoint defaults: plain T/top-p sampling
         )
         if sample:
-            kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
+            kwargs.update(temperature=params.temperature, top_p=params.top_p)
         else:
             kwargs.update(temperature=None, top_p=None, top_k=None)
         if params.stop:
@@ -195,6 +196,7 @@ def _save_converted(model: Any, tokenizer: Any, dest: Path) -> None:
     """Write the converted checkpoint atomically (temp dir + rename); losing the race is fine."""
     import shutil
     import tempfile
+    import warnings
 
     if (dest / "config.json").is_file():
         return
@@ -205,5 +207,6 @@ def _save_converted(model: Any, tokenizer: Any, dest: Path) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         tmp.rename(dest)
-    except OSError:
+    except Exception as e:   # the cache is an optimisation: never fail a load because it could not be written
         shutil.rmtree(tmp, ignore_errors=True)
+        warnings.warn(f"could not cache the converted checkpoint at {dest}: {e}", stacklevel=2)
