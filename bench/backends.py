@@ -153,13 +153,17 @@ def main() -> None:
             console.print("note: transformers skipped (not installed)")
             continue
         with console.status(f"{name} on {args.model}"):
+            load0 = os.getloadavg()[0]
             r = measure(name, args.model, args.max_tokens, args.threads, texts)
+            r["loadavg_before_after"] = [round(load0, 1), round(os.getloadavg()[0], 1)]
         results.append(r)
         if args.json:
             print(json.dumps(r), flush=True)
     if args.json:
         return
-    table = Table(title=f"{args.model}, {len(texts)} conductor prompts, max_tokens={args.max_tokens}, T=1.0, threads={args.threads}")
+    load = os.getloadavg()[0]
+    table = Table(title=f"{args.model}, {len(texts)} conductor prompts, max_tokens={args.max_tokens}, T=1.0, "
+                        f"threads={args.threads}, load average at end {load:.1f} on {os.cpu_count()} cores")
     for col in ("backend", "load s", "prompt tok", "b1 compl/s", "b1 tok/s", "b8 compl/s", "b8 tok/s"):
         table.add_column(col)
     for r in results:

@@ -411,4 +411,6 @@ def read_lineage(uri: str) -> dict[str, Any]:
         return {}
     except ValueError as e:
         raise RegistryError(f"{uri}/lineage.json: not JSON ({e})") from None
+    except OSError as e:
+        raise RegistryError(f"{uri}/lineage.json: cannot read ({e})") from None
     return data if isinstance(data, dict) else {}

@@ -10,7 +10,7 @@ import pytest
 
 from conductor.grpo.advantages import group_advantages, trajectory_advantages
 from conductor.grpo.config import GRPOConfig, GRPOConfigError, lr_at
-from conductor.grpo.modes import RandomizedPoolConfig, forced_recursion_samples, recursion_round_rewards
+from conductor.grpo.modes import RandomizedPoolConfig, forced_recursion_samples
 from conductor.grpo.samples import build_samples
 from conductor.pool import load_pool
 from conductor.trajectory import Round
@@ -46,18 +46,22 @@ def test_trajectory_advantages_group_by_run_and_question():
     assert by[("r2", "q1", 1)] > 0 and by[("r2", "q1", 2)] is None  # same question, other run: its own group
 
 
-def test_recursion_samples_discount_the_root_round_and_normalise_across_rounds():
-    ts = rollout("r", "q", [1.0, 0.5])
-    ts[0].rounds.append(Round(1, "recursion prompt", "model_id = []", None, None, "ok", kept_previous=True))
-    ts[0].round_rewards = [1.0, 1.0]
-    samples, stats = build_samples(ts, first_round_scale=0.25)
+def test_recursion_rounds_are_samples_normalised_across_rounds_with_the_scored_discount():
+    from conductor.reward import recursion_round_rewards
+
+    ts = rollout("r", "q", [1.0, 0.5, 1.0])
+    for t in ts[::2]:
+        t.rounds.append(Round(1, "recursion prompt", "model_id = []", None, None, "ok", kept_previous=True))
+    ts[0].round_rewards = recursion_round_rewards([1.0, 1.0])      # as scoring writes it: root discounted
+    ts[2].round_rewards = [0.25, None]                              # the recursion round's grading failed
+    samples, stats = build_samples(ts)
     rewards = {(s.trajectory_id, s.depth): s.reward for s in samples}
-    assert rewards[(ts[0].trajectory_id, 0)] == 0.25      # root round of a recursive sample, discounted
-    assert rewards[(ts[0].trajectory_id, 1)] == 1.0
-    assert rewards[(ts[1].trajectory_id, 0)] == 0.5       # no recursion: reward unchanged
-    assert stats.n_samples == 3 and stats.n_groups == 1   # all rounds of the question form one group
+    assert rewards == {(ts[0].trajectory_id, 0): 0.25, (ts[0].trajectory_id, 1): 1.0,
+                       (ts[1].trajectory_id, 0): 0.5, (ts[2].trajectory_id, 0): 0.25}   # no second discount
+    assert stats.n_samples == 4 and stats.n_groups == 1   # all rounds of the question form one group
     assert sum(s.advantage for s in samples) == pytest.approx(0.0, abs=1e-9)
-    assert recursion_round_rewards([0.5, 1.0, 1.0], 0.25) == [0.125, 1.0, 1.0]
+    top = max(samples, key=lambda s: s.advantage)
+    assert (top.trajectory_id, top.depth) == (ts[0].trajectory_id, 1)
 
 
 def test_forced_recursion_assignment_is_half_of_each_group_and_reproducible():
@@ -322,3 +326,21 @@ def test_bf16_mixed_precision_keeps_fp32_weights_and_trains(tiny):
     m = tr.step(rollout("r", "q", [1.0, 0.0]))
     assert all(p.dtype == torch.float32 for p in tr.model.parameters())   # master weights stay fp32
     assert math.isfinite(m["loss"]) and any(not torch.equal(w0[n], p) for n, p in tr.model.named_parameters())
+
+
+def test_behaviour_logprobs_from_the_transformers_backend_match_the_trainer(tiny):
+    """Sample with the transformers policy backend from the very model being trained: the trainer's
+    tokenisation and log-probs must reproduce the sampler's, i.e. the first ratio is 1 and the KL 0."""
+    backend_mod = pytest.importorskip("conductor.policy.transformers_backend")
+    from conductor.policy.base import GenerationParams
+    from conductor.grpo.trainer import PolicyTrainer
+
+    tr = PolicyTrainer(str(tiny), GRPOConfig.cpu(learning_rate=1e-3, total_iterations=2))
+    backend = backend_mod.TransformersBackend(tr.model, tr.tokenizer, batch_size=4)
+    prompt = "Route: what is 2+2?"
+    gens = backend.generate([prompt], 4, GenerationParams(temperature=1.0, max_tokens=12, seed=0))[0]
+    ts = rollout("r", "q", [1.0, 0.0, 0.5, 0.0], completions=[g.text for g in gens], prompt=prompt,
+                 token_ids=[g.token_ids for g in gens], logprobs=[g.logprobs for g in gens])
+    m = tr.step(ts)
+    assert m["n_recomputed_behaviour"] == 0
+    assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-4) and m["approx_kl"] == pytest.approx(0.0, abs=1e-6)

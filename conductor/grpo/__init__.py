@@ -6,10 +6,9 @@ Pure parts (``advantages``, ``modes``, ``samples``, ``config``) import no torch;
 
 from conductor.grpo.advantages import group_advantages, trajectory_advantages
 from conductor.grpo.config import GRPOConfig, lr_at
-from conductor.grpo.modes import RandomizedPoolConfig, forced_recursion_samples, recursion_round_rewards
+from conductor.grpo.modes import RandomizedPoolConfig, forced_recursion_samples
 from conductor.grpo.samples import build_samples
 from conductor.grpo.trainer import PolicyTrainer, TrainError, grpo_step
 
 __all__ = ["GRPOConfig", "PolicyTrainer", "RandomizedPoolConfig", "TrainError", "build_samples",
-           "forced_recursion_samples", "group_advantages", "grpo_step", "lr_at", "recursion_round_rewards",
-           "trajectory_advantages"]
+           "forced_recursion_samples", "group_advantages", "grpo_step", "lr_at", "trajectory_advantages"]

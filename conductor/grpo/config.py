@@ -64,8 +64,6 @@ class GRPOConfig(BaseModel):
     lora_dropout: float = Field(0.0, ge=0, lt=1)
     lora_target_modules: str | list[str] = "all-linear"
     lora_merge_on_save: bool = True                    # save a plain HF checkpoint a generator can load
-    # recursion fine-tuning (paper App. A.1)
-    recursion_first_round_scale: float = Field(0.25, ge=0, le=1)
     # bookkeeping
     seed: int = 0
     save_optimizer: bool = True                        # keep AdamW moments across steps (needed for lr 1e-6)

@@ -5,8 +5,10 @@
   see the same sub-pool (one prompt per group), so the sub-pool is a function
   of (seed, question id), never of the sample index.
 * Recursion fine-tuning (paper App. A.1): half of the samples of each group get
-  one forced recursion round; the root round's reward is scaled by 0.25 and
-  advantages are normalised across rounds (see ``samples.build_samples``).
+  one forced recursion round; the root round's reward is scaled by 0.25 when it
+  is scored (``conductor.reward.recursion_round_rewards`` fills
+  ``Trajectory.round_rewards``) and advantages are normalised across rounds
+  (``samples.build_samples``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable
 
 if TYPE_CHECKING:
     from conductor.pool import Pool, SubPool
@@ -67,20 +69,3 @@ def forced_recursion_samples(question_ids: Iterable[str], group_size: int, seed:
     n = round(fraction * group_size)
     return {q: frozenset(random.Random(_seed(seed, "rec", q)).sample(range(group_size), n))
             for q in question_ids}
-
-
-def recursion_round_rewards(round_rewards: Sequence[float], first_round_scale: float = 0.25) -> list[float]:
-    """Per-round training rewards: the root round (depth 0) scaled when recursion followed it.
-
-    A sample with a single round keeps its reward: only a root round that was
-    followed by a recursion round is discounted (the paper's 0.25).
-
-    >>> recursion_round_rewards([1.0, 0.5])
-    [0.25, 0.5]
-    >>> recursion_round_rewards([0.5])
-    [0.5]
-    """
-    rewards = list(round_rewards)
-    if len(rewards) > 1:
-        rewards[0] = rewards[0] * first_round_scale
-    return rewards

@@ -1,11 +1,13 @@
 """Trajectories -> GRPO training samples (one per conductor round), with their advantages.
 
 A normal rollout gives one sample per trajectory: its root round, rewarded with
-``Trajectory.reward``. In recursion fine-tuning a trajectory carries
-``round_rewards`` and each round (root and recursion) becomes its own sample;
-the root round's reward is discounted and all rounds of a question are
-normalised together ("rewards are normalised across rounds", paper App. A.1).
-Infra-failed trajectories are left out: the conductor is not to blame.
+``Trajectory.reward``. A trajectory with recursion rounds carries
+``round_rewards`` (written when it is scored, ``conductor.reward``, with the
+root round already discounted by the paper's 0.25) and each round becomes its
+own sample; all rounds of a question are normalised together ("rewards are
+normalised across rounds", paper App. A.1). Infra-failed trajectories, and
+rounds whose grading failed (round reward None), are left out: the conductor
+is not to blame.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from conductor.grpo.advantages import Scale, group_key, grouped_advantages
-from conductor.grpo.modes import recursion_round_rewards
 
 
 @dataclass
@@ -43,8 +44,7 @@ class SampleStats:
     n_zero_advantage_groups: int = 0
 
 
-def build_samples(trajectories: Iterable, first_round_scale: float = 0.25, scale: Scale = "group",
-                  eps: float = 1e-4, ddof: int = 1) -> tuple[list[Sample], SampleStats]:
+def build_samples(trajectories: Iterable, scale: Scale = "group", eps: float = 1e-4, ddof: int = 1) -> tuple[list[Sample], SampleStats]:
     """Turn trajectories into samples with group-normalised advantages.
 
     >>> from conductor.trajectory import Trajectory, Round
@@ -69,12 +69,11 @@ def build_samples(trajectories: Iterable, first_round_scale: float = 0.25, scale
             continue
         g = group_key(t.run_id, t.question_id)
         if t.round_rewards and len(rounds) > 1:
-            rewards = recursion_round_rewards(t.round_rewards, first_round_scale)
-            pairs = list(zip(rounds, rewards))
+            pairs = list(zip(rounds, t.round_rewards))
         else:
             pairs = [(rounds[0], float(t.reward))]
         for rnd, rew in pairs:
-            if not rnd.completion and not rnd.completion_token_ids:
+            if rew is None or (not rnd.completion and not rnd.completion_token_ids):
                 continue
             samples.append(Sample(t.trajectory_id, rnd.depth, g, rnd.prompt, rnd.completion, float(rew),
                                   completion_token_ids=rnd.completion_token_ids,

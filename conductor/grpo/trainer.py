@@ -369,7 +369,7 @@ class PolicyTrainer:
         t0 = time.time()
         cfg = self.cfg
         trajectories = list(trajectories)
-        samples, stats = build_samples(trajectories, cfg.recursion_first_round_scale, cfg.advantage_scale,
+        samples, stats = build_samples(trajectories, cfg.advantage_scale,
                                        cfg.advantage_eps, cfg.advantage_ddof)
         if not samples:
             raise TrainError(f"no trainable samples in {stats.n_trajectories} trajectories "
@@ -454,6 +454,7 @@ class PolicyTrainer:
                 lrs.append(lr)
                 agg["loss"] += step_loss
         self.iteration += 1
+        self.model.eval()            # ready to sample from (a backend may share this model object)
         n_updates = max(1, len(lrs))
         rewards = [s.reward for s in samples]
         metrics = {
