@@ -125,7 +125,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--backends", default="transformers,llamacpp,vllm")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 1) - 1))
     ap.add_argument("--vllm-python", default="/opt/conductor-vllm-venv/bin/python")
     ap.add_argument("--json", action="store_true", help="print one JSON line per backend (used for the vLLM venv)")
     args = ap.parse_args()

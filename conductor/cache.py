@@ -162,5 +162,8 @@ class ResponseCache:
             if conn is not None:
                 conn.close()
                 self._local.conn = None
-        self._pool.submit(_close).result()
+        try:
+            self._pool.submit(_close).result()
+        except RuntimeError:  # interpreter shutdown already stopped the pool; every write was committed
+            return
         self._pool.shutdown(wait=True)

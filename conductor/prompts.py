@@ -22,7 +22,6 @@ from conductor.workflow import DEFAULT_MAX_STEPS, Workflow
 if TYPE_CHECKING:
     from conductor.pool import SubPool
 
-FewShotPolicy = Literal["ood", "in_domain", "mixed", "none"]
 FEWSHOT_DIR = Path(__file__).resolve().parent.parent / "data" / "fewshot"
 
 CONDUCTOR_TEMPLATE = """\
@@ -102,8 +101,19 @@ def load_fewshot(name: str) -> tuple[FewShot, ...]:
     return tuple(FewShot(**{k: str(v) for k, v in ex.items()}) for ex in data["examples"])
 
 
-def select_fewshot(policy: FewShotPolicy = "ood", domain: str | None = None, k: int = 4) -> list[FewShot]:
-    """The paper's default is four out-of-domain examples; 'in_domain' and 'mixed' exist for the ablation."""
+def select_fewshot(policy: str = "ood", domain: str | None = None, k: int = 4) -> list[FewShot]:
+    """The paper's default is four out-of-domain examples; 'in_domain' and 'mixed' exist for the ablation.
+
+    ``policy:k`` takes only the first k examples (short prompts for small CPU conductors).
+
+    >>> len(select_fewshot("ood:1"))
+    1
+    """
+    policy, _, count = policy.partition(":")
+    if count:
+        k = int(count)
+    if policy not in ("ood", "in_domain", "mixed", "none"):
+        raise ValueError(f"few-shot policy {policy!r}: use ood, in_domain, mixed or none (optionally :k)")
     if policy == "none":
         return []
     ood = list(load_fewshot("ood"))
@@ -125,7 +135,7 @@ def describe_models(subpool: "SubPool", describe: Literal["ordinal", "notes"] = 
     return "\n".join(lines)
 
 
-def conductor_prompt(question: str, subpool: "SubPool", *, fewshot: FewShotPolicy = "ood",
+def conductor_prompt(question: str, subpool: "SubPool", *, fewshot: str = "ood",
                      domain: str | None = None, max_steps: int = DEFAULT_MAX_STEPS,
                      describe: Literal["ordinal", "notes"] = "ordinal") -> str:
     """The user message the conductor model receives (the backend applies its chat template)."""

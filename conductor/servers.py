@@ -36,7 +36,7 @@ class ServerError(RuntimeError):
 @dataclass(frozen=True)
 class ServerSettings:
     n_ctx: int = 4096
-    n_threads: int | None = None     # None: all cores (workers are usually called one at a time on CPU)
+    n_threads: int | None = None     # None: all cores but one (spinning OpenMP threads starve a busy small machine)
     n_batch: int = 512
     logits_all: bool = False         # True makes the server return logprobs, at a prompt-processing cost
     startup_timeout_s: float = 180.0
@@ -71,7 +71,7 @@ class LlamaServer:
         s = self.settings
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(self.model_path), "--model_alias", self.alias,
                "--host", self.host, "--port", str(self.port), "--n_ctx", str(s.n_ctx), "--n_batch", str(s.n_batch),
-               "--n_threads", str(s.n_threads or os.cpu_count() or 1)]
+               "--n_threads", str(s.n_threads or max(1, (os.cpu_count() or 1) - 1))]
         if s.logits_all:
             cmd += ["--logits_all", "true"]
         return cmd + list(s.extra_args)

@@ -59,7 +59,7 @@ def nightly_flow(pool: str, train_questions: str, eval_questions: str, work_dir:
                  baselines: bool = True, force: bool = False, max_calls: int | None = None,
                  max_dollars: float | None = None, max_hours: float | None = None,
                  promotion: dict[str, Any] | None = None, shard_size: int = 4,
-                 backend: str = "transformers", lake: str | None = None) -> dict[str, Any]:
+                 backend: str = "transformers", lake: str | None = None, fewshot: str = "ood") -> dict[str, Any]:
     """``base``: the checkpoint to start from when there is no champion (directory, .gguf or s3:// URL);
     ``backend``: the policy backend that samples rollouts from a checkpoint (``vllm`` on GPU nodes);
     ``lake``: where trajectories go (default WORK_DIR/lake; a local path or s3://)."""
@@ -68,6 +68,7 @@ def nightly_flow(pool: str, train_questions: str, eval_questions: str, work_dir:
     from conductor.evaluation import EvalReport
     from conductor.nightly_report import Point, render_nightly_report
     from conductor.pool import load_pool
+    from conductor.questionset import check_disjoint, load_questions
     from conductor.registry import PromotionPolicy, Registry, read_lineage
     from conductor.summary import run_summary
 
@@ -81,6 +82,7 @@ def nightly_flow(pool: str, train_questions: str, eval_questions: str, work_dir:
     work = Path(work_dir)
     lake, cache = lake or str(work / "lake"), str(work / "cache.sqlite")
     reports = work / "reports" / night
+    check_disjoint(load_questions(train_questions), load_questions(eval_questions))
     reg = Registry.open(registry or str(work / "registry"))
     manifest = load_pool(pool)
     fp = manifest.fingerprint
@@ -113,7 +115,7 @@ def nightly_flow(pool: str, train_questions: str, eval_questions: str, work_dir:
         roll = rollout_flow(questions=train_questions, lake=lake, pool=pool, conductor=_spec(current), run_id=run_id,
                             group_size=group_size, k=k, seed=seed + i, max_tokens=max_tokens,
                             limit=questions_per_iteration, offset=i * questions_per_iteration, shard_size=shard_size,
-                            cache=cache, checkpoint_id=current_id)
+                            cache=cache, checkpoint_id=current_id, fewshot=fewshot)
         it = {"iteration": i, "run_id": run_id, "trajectories": roll["trajectories"],
               "mean_reward": roll["mean_reward"], "accuracy": roll["accuracy"]}
         if (stopped := over_budget(night_usage(lake, night), started, max_calls, max_dollars, max_hours)):
@@ -142,7 +144,7 @@ def nightly_flow(pool: str, train_questions: str, eval_questions: str, work_dir:
                                    pool=pool, lake=lake, out=str(reports), samples=eval_samples, seed=seed,
                                    max_tokens=max_tokens, k=k, heldout_workers=heldout_workers, limit=eval_limit,
                                    cache=cache, shard_size=shard_size, candidate_id=candidate_id,
-                                   champion_id=champion.checkpoint_id)
+                                   champion_id=champion.checkpoint_id, fewshot=fewshot)
         report = EvalReport.from_json(evaluation["reports"]["main"])
         d = reg.promote_if_better(candidate_id, report, PromotionPolicy(**(promotion or {})))
         decision = {"promote": d.promote, "reason": d.reason, "candidate_id": d.candidate_id,

@@ -17,10 +17,11 @@ from tasks.shard import run_shard_task
 
 
 def rollout_spec(run_id: str, pool: Any, checkpoint_id: str, group_size: int, k: int | None, seed: int,
-                 temperature: float, max_tokens: int, recursion_depth: int = 0, kind: str = "rollout") -> RunSpec:
+                 temperature: float, max_tokens: int, recursion_depth: int = 0, kind: str = "rollout",
+                 fewshot: str = "ood") -> RunSpec:
     return RunSpec(run_id=run_id, kind=kind, pool=pool, checkpoint_id=checkpoint_id,  # type: ignore[arg-type]
                    samples=group_size, subpool_k=k, seed=seed, temperature=temperature, max_tokens=max_tokens,
-                   recursion_depth=recursion_depth)
+                   recursion_depth=recursion_depth, fewshot=fewshot)
 
 
 def _runs_remotely() -> bool:
@@ -43,7 +44,8 @@ def on_dask(flow_fn: Any, address: str | None = None, n_workers: int = 2) -> Any
 def rollout_flow(questions: str, lake: str, pool: str, conductor: str, run_id: str, group_size: int = 8,
                  k: int | None = None, seed: int = 0, temperature: float = 1.0, max_tokens: int = 1024,
                  recursion_depth: int = 0, limit: int | None = None, offset: int = 0, shard_size: int = 4,
-                 cache: str | None = None, kind: str = "rollout", checkpoint_id: str | None = None) -> dict[str, Any]:
+                 cache: str | None = None, kind: str = "rollout", checkpoint_id: str | None = None,
+                 fewshot: str = "ood") -> dict[str, Any]:
     """Write one rollout run (GRPO groups) to the lake; returns counts and mean reward."""
     from conductor.pool import load_pool
     from conductor.questions import sharded
@@ -58,7 +60,7 @@ def rollout_flow(questions: str, lake: str, pool: str, conductor: str, run_id: s
         qs = [qs[(offset + j) % len(qs)] for j in range(min(n, len(qs)))] if qs else []
     manifest = load_pool(pool)
     spec = rollout_spec(run_id, manifest, checkpoint_id or checkpoint_of(conductor), group_size, k, seed, temperature, max_tokens,
-                        recursion_depth, kind)
+                        recursion_depth, kind, fewshot)
     shards = list(sharded(qs, shard_size))
     log.info("%s run %s: %d questions x %d samples in %d shards", kind, run_id, len(qs), group_size, len(shards))
     if _runs_remotely():  # fan out: each Dask/Ray worker builds its own runtime from the plain specs

@@ -184,3 +184,26 @@ def test_openai_backend_against_a_local_llamacpp_server(tmp_path):
         for g in group:
             assert g.text.strip() and g.finish_reason in ("stop", "length")
             assert g.logprobs is None or all(math.isfinite(x) for x in g.logprobs)
+
+
+# ---------------------------------------------------------------- the embedded default (1.5B), slow
+
+@pytest.mark.slow
+@needs_llama
+def test_embedded_default_conductor_writes_a_parseable_workflow():
+    from conductor.parser import parse_workflow
+    from conductor.pool import load_pool
+    from conductor.prompts import conductor_prompt
+    from conductor.workflow import Workflow
+
+    try:
+        embedded.model_path(embedded.DEFAULT_CONDUCTOR_MODEL)
+    except embedded.EmbeddedError as e:
+        pytest.skip(str(e))
+    pool = load_pool("data/pools/local.yaml")
+    backend = make_policy("embedded", n_ctx=4096)
+    prompt = conductor_prompt("A train travels 120 km in 1.5 hours. What is its average speed in km/h?", pool.full())
+    g = backend.generate([prompt], 1, GenerationParams(temperature=0.0, max_tokens=400))[0][0]
+    backend.close()
+    assert len(g.token_ids) == len(g.logprobs) > 0
+    assert isinstance(parse_workflow(g.text, n_workers=len(pool.workers)), Workflow), g.text

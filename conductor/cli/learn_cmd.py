@@ -96,9 +96,15 @@ def nightly_cmd(
     lake: str = typer.Option(None, "--lake", help="Lake root (default WORK_DIR/lake; local path or s3://)."),
 ) -> None:
     """Retrain when the pool changed: rollouts -> GRPO x N, evaluate, promote if significantly better, report."""
+    from conductor.datasets import DatasetError
+    from conductor.questionset import check_disjoint, load_questions
     from flows.nightly import nightly_flow
 
     _check_pool(pool)
+    try:
+        check_disjoint(load_questions(train_questions), load_questions(eval_questions))
+    except (DatasetError, ValueError, OSError) as e:
+        fail(str(e).splitlines()[0])
     try:
         overrides = json.loads(grpo) if grpo else None
     except json.JSONDecodeError as e:

@@ -15,18 +15,17 @@ def prompt_cmd(
     pool: Path = typer.Option(Path("data/pools/local.yaml"), "--pool", help="Pool manifest."),
     k: int = typer.Option(None, "--k", min=1, help="Show a random k-of-n sub-pool instead of the whole pool."),
     seed: int = typer.Option(0, "--seed", help="Seed for the sub-pool."),
-    fewshot: str = typer.Option("ood", "--fewshot", help="Few-shot policy: ood, in_domain, mixed or none."),
+    fewshot: str = typer.Option("ood", "--fewshot", help="Few-shot policy: ood, in_domain, mixed or none, optionally :k (e.g. ood:1)."),
     max_steps: int = typer.Option(5, "--max-steps", min=1),
 ) -> None:
     """Print the exact prompt the conductor model would receive."""
     from conductor.pool import PoolError, load_pool
     from conductor.prompts import conductor_prompt
 
-    if fewshot not in ("ood", "in_domain", "mixed", "none"):
-        fail(f"--fewshot: {fewshot!r} is not one of ood, in_domain, mixed, none")
     try:
         p = load_pool(pool)
         sub = p.sample(k, seed) if k else p.full()
-    except PoolError as e:
-        fail(str(e))
-    typer.echo(conductor_prompt(question, sub, fewshot=fewshot, max_steps=max_steps))  # type: ignore[arg-type]
+        text = conductor_prompt(question, sub, fewshot=fewshot, max_steps=max_steps)
+    except (PoolError, ValueError) as e:
+        fail(f"--fewshot: {e}" if not isinstance(e, PoolError) else str(e))
+    typer.echo(text)

@@ -33,7 +33,7 @@ class LlamaCppBackend:
         if not self.model_path.is_file():
             raise FileNotFoundError(f"llama.cpp backend: {self.model_path} does not exist")
         self.llm = Llama(model_path=str(self.model_path), n_ctx=n_ctx, n_batch=n_batch,
-                         n_threads=n_threads or os.cpu_count() or 1, logits_all=False, verbose=False)
+                         n_threads=n_threads or default_threads(), logits_all=False, verbose=False)
         self.system_prompt = system_prompt
         model = self.llm._model
         bos, eos = self.llm.token_bos(), self.llm.token_eos()
@@ -121,6 +121,12 @@ class LlamaCppBackend:
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
             llm.close()
+
+
+def default_threads() -> int:
+    """All cores but one: llama.cpp's OpenMP threads spin, and on a busy 2-core machine two threads
+    measured 7.5x slower than one (docs/backends.md)."""
+    return max(1, (os.cpu_count() or 1) - 1)
 
 
 def _sample_top_p(logp: Any, top_p: float, rng: Any) -> int:
