@@ -7,16 +7,21 @@ must move toward the specialists. Everything runs through the production pipelin
 execute -> score, the same ``Trajectory`` rows); the model stays in memory (``PolicyTrainer``) and rollouts
 are sampled from the very object being trained (``TransformersBackend`` over ``trainer.model``).
 
-Format prefill (``--prefill``, default ``model_id = [``): measured here, the untrained 135M model at
-T = 1.0 wrote 0 parseable workflows out of 32 samples with no few-shot examples and 0 of 8 with the full
-OOD few-shot prompt, so GRPO would have no signal at all. The bench therefore starts the assistant turn
-with the prefill text. The prefill is part of the stored completion (text and token ids), so the rows show
-exactly what was parsed, and the trainer trains on it like any other completion token (behaviour log-probs
-are recomputed on-policy by the trainer; with one update per batch the ratio is exactly 1). ``--prefill ''``
-turns it off.
+Routing prefill (``--prefill``; measured here, so not assumed): the untrained 135M model at T = 1.0 wrote 0
+parseable workflows out of 32 samples with no few-shot examples and 0 of 8 with the full OOD few-shot
+prompt (~1.1k tokens); with the prefix ``model_id = [`` it still wrote 0 of 12 (T = 0.7): it lists
+1, 2, 3, ... or forgets a list. GRPO would get no signal. So by default the assistant turn starts with
+``subtasks = ["Answer the user question ..."]`` / ``access_list = [[]]`` / ``model_id = [`` (the parser
+accepts the three lists in any order): the subtask and access list are fixed to one direct step and the
+model chooses the worker (and must close the list with exactly one valid index, else the reward is 0).
+This benchmarks *routing* learning, which is what the simulated pool can check; it does not train the
+small model to write subtasks. The prefix is part of the stored completion (text and token ids), so the
+rows show exactly what was parsed, and the trainer trains on it like any other completion token
+(behaviour log-probs are recomputed on-policy by the trainer; with one update per batch the ratio is
+exactly 1). ``--prefill ''`` runs the unassisted format, ``--prefill 'model_id = ['`` the weaker prefix.
 
-    python bench/learning.py [--iterations 16] [--questions-per-iteration 4] [--group-size 6]
-                             [--eval-questions 16] [--lr 5e-5] [--seed 0] [--out docs/figures] [--quick]
+    python bench/learning.py [--iterations 7] [--questions-per-iteration 4] [--group-size 6]
+                             [--eval-questions 16] [--lr 2e-5] [--seed 0] [--out docs/figures] [--quick]
 
 Last line: ``untrained_reward=<a> trained_reward=<b> best_single_worker_reward=<c> untrained_accuracy=<d>
 trained_accuracy=<e> best_single_worker_accuracy=<f>`` (held-out questions).
@@ -39,21 +44,25 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 DOMAINS = ("math", "mcq")
+# The parser finds the three lists in any order: this prefix fixes a one-step subtask and access list and
+# leaves the worker choice (and the closing of the list) to the model. See the module docstring.
+ROUTING_PREFILL = 'subtasks = ["Answer the user question in the format it asks for."]\naccess_list = [[]]\nmodel_id = ['
+
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--iterations", type=int, default=16)
+    ap.add_argument("--iterations", type=int, default=7)
     ap.add_argument("--questions-per-iteration", type=int, default=4, help="half math, half MCQ")
     ap.add_argument("--group-size", type=int, default=6, help="GRPO group size G (samples per question)")
     ap.add_argument("--eval-questions", type=int, default=16, help="held-out questions, half math half MCQ")
     ap.add_argument("--eval-samples", type=int, default=2, help="samples per held-out question")
-    ap.add_argument("--lr", type=float, default=5e-5)
+    ap.add_argument("--lr", type=float, default=2e-5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (training and eval)")
-    ap.add_argument("--max-tokens", type=int, default=48, help="conductor completion limit")
+    ap.add_argument("--max-tokens", type=int, default=16, help="conductor completion limit")
     ap.add_argument("--fewshot", default="none", choices=["none", "ood", "in_domain", "mixed"])
-    ap.add_argument("--prefill", default="model_id = [", help="assistant-turn prefix ('' for none)")
+    ap.add_argument("--prefill", default=ROUTING_PREFILL, help="assistant-turn prefix ('' for none)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest on a busy 2-core box)")
     ap.add_argument("--batch-size", type=int, default=8, help="generation batch size")
     ap.add_argument("--out", default="docs/figures", help="directory for learning.png and learning.json")

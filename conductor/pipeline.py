@@ -41,6 +41,7 @@ class RunSpec:
     recursion_call_factor: float = 2.0  # total worker calls stay below factor x the first round's (paper: < 2x)
     max_steps: int = DEFAULT_MAX_STEPS
     fewshot: str = "ood"
+    constrained: bool = False           # decode under the workflow grammar (small untrained conductors)
     temperature: float = 1.0            # conductor sampling (paper: 1.0 for GRPO groups)
     max_tokens: int = 1024              # conductor completion limit (paper: 1024)
     max_calls_per_question: int | None = None
@@ -86,7 +87,13 @@ def generate(trajectories: list[Trajectory], policy: "PolicyBackend", spec: RunS
     n = max(len(v) for v in groups.values()) if groups else 0
     if not prompts:
         return trajectories
-    outputs = policy.generate(prompts, n, spec.generation_params())
+    params = spec.generation_params()
+    if spec.constrained:
+        from conductor.grammar import workflow_grammar
+
+        n_workers = len(spec.subpool_for(groups[prompts[0]][0].question_id))
+        params = replace(params, grammar=workflow_grammar(n_workers, spec.max_steps))
+    outputs = policy.generate(prompts, n, params)
     for prompt, gens in zip(prompts, outputs):
         for t, g in zip(groups[prompt], gens):
             _fill_round(t.rounds[0], g)

@@ -41,18 +41,23 @@ of the last step is returned to the user as the final answer, so make the last s
 in the format the question asks for.
 
 Think briefly about the question and which models to use, then end your reply with exactly three Python \
-lists of equal length:
+lists of equal length, one entry per step:
 model_id = [...]      # integers: the model for each step
 subtasks = [...]      # strings: the subtask for each step
 access_list = [...]   # per step: ["all"] to show every earlier step, or [] to show none
 
-Examples (their model numbers refer to other pools, not to the models below):
+Examples of good replies to other questions (their model numbers refer to other pools, not to the models below):
 {examples}
+Now the real task.
+
 USER QUESTION:
 {question}
 
 AVAILABLE LANGUAGE MODELS:
 {models}
+
+Write a short plan (one or two sentences), then the three lists model_id, subtasks and access_list. \
+Use only the models listed above. Do not solve the question yourself.
 """
 
 RECURSION_TEMPLATE = """\
@@ -90,7 +95,7 @@ class FewShot:
     response: str
 
     def render(self) -> str:
-        return f"Question: {self.question.strip()}\nAssistant response:\n{self.response.strip()}\n"
+        return f"<example>\nQuestion: {self.question.strip()}\nReply:\n{self.response.strip()}\n</example>\n"
 
 
 @functools.lru_cache(maxsize=8)

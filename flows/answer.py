@@ -34,7 +34,8 @@ def answer_flow(questions: str, out: str, pool: str = DEFAULT_POOL, conductor: s
                 samples: int = 1, recursion_depth: int = 0, limit: int | None = None, shard_size: int = 5,
                 k: int | None = None, seed: int = 0, temperature: float = 0.7, max_tokens: int = 768,
                 run_id: str | None = None, cache: str | None = None, replay: bool = False,
-                show_progress: bool | None = None, lake: str | None = None) -> dict[str, Any]:
+                show_progress: bool | None = None, lake: str | None = None, fewshot: str = "ood",
+                constrained: bool | None = None) -> dict[str, Any]:
     """Answer a question set; trajectories go to the lake (OUT/lake, or any local or s3:// root given),
     answers to OUT/answers.jsonl, a summary and report to OUT."""
     from conductor.pool import load_pool
@@ -45,9 +46,11 @@ def answer_flow(questions: str, out: str, pool: str = DEFAULT_POOL, conductor: s
     log = get_run_logger()
     qs = load_questions(questions, limit)
     manifest = load_pool(pool)
-    run_id = run_id or derive_run_id(questions, limit, manifest.id, manifest.fingerprint,
-                                     checkpoint_of(conductor), samples,
-                                     recursion_depth, k, seed, temperature, max_tokens)
+    checkpoint = checkpoint_of(conductor)
+    if constrained is None:  # the untrained embedded conductor writes prose too often without the grammar
+        constrained = checkpoint.startswith("embedded:")
+    run_id = run_id or derive_run_id(questions, limit, manifest.id, manifest.fingerprint, checkpoint, samples,
+                                     recursion_depth, k, seed, temperature, max_tokens, fewshot, constrained)
     out_dir = Path(out)
     lake = lake or str(out_dir / "lake")
     probe = RunSpec(run_id=run_id, kind="answer", pool=manifest)
@@ -59,7 +62,7 @@ def answer_flow(questions: str, out: str, pool: str = DEFAULT_POOL, conductor: s
         with serving(manifest, conductor=conductor) as live:
             spec = RunSpec(run_id=run_id, kind="answer", pool=live.pool, checkpoint_id=live.checkpoint_id,
                            samples=samples, subpool_k=k, seed=seed, recursion_depth=recursion_depth,
-                           temperature=temperature, max_tokens=max_tokens)
+                           temperature=temperature, max_tokens=max_tokens, fewshot=fewshot, constrained=constrained)
             executor = live.executor(cache_path=cache or str(out_dir / "cache.sqlite"), replay=replay)
             with RunProgress(len(qs) * samples, "answering", enabled=show_progress) as progress:
                 progress.skip((len(qs) - sum(len(sq) for _, sq in todo)) * samples)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The README's main command: install the locked set and the embedded models, then answer 10 GSM8K and
-# 10 MMLU-STEM questions offline with the embedded conductor over the embedded local pool.
+# The README's main command: install the locked set and the embedded models, then answer 5 GSM8K and
+# 5 MMLU-STEM questions offline with the embedded conductor over the embedded local pool.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
 bash infra/install.sh
-conductor answer "${QUESTIONS:-gsm8k_test:10,mmlu_stem:10}" --out "${OUT:-runs/quickstart}" "$@"
+conductor answer "${QUESTIONS:-gsm8k_test:5,mmlu_stem:5}" --out "${OUT:-runs/quickstart}" "$@"

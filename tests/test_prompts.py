@@ -19,7 +19,7 @@ def test_prompt_renders_for_any_subpool(k, seed):
     sub = PAPER.sample(k, seed)
     text = conductor_prompt("What is 2+2?", sub)
     assert "USER QUESTION:\nWhat is 2+2?" in text and "AVAILABLE LANGUAGE MODELS:" in text
-    listed = text.split("AVAILABLE LANGUAGE MODELS:")[1].split()
+    listed = text.split("AVAILABLE LANGUAGE MODELS:\n")[1].split("\n\n")[0].split()
     assert listed == [t for i in range(k) for t in ("Model", str(i))]
     for w in PAPER.workers:  # names never leak into the prompt
         assert w.name not in text and w.model not in text

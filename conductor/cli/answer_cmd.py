@@ -30,6 +30,10 @@ def answer_cmd(
     run_id: str = typer.Option(None, "--run-id", help="Name the run (default: derived from the inputs, so reruns resume)."),
     cache: Path = typer.Option(None, "--cache", help="Response cache (SQLite); default OUT/cache.sqlite."),
     replay: bool = typer.Option(False, "--replay", help="Answer only from the cache; never call a provider."),
+    fewshot: str = typer.Option("ood", "--fewshot", help="Few-shot policy: ood (the paper's default), in_domain, mixed, "
+                                "none; optionally :k to keep k examples."),
+    constrained: bool = typer.Option(None, "--constrained/--free", help="Decode the conductor under the workflow "
+                                     "grammar (default: on for the embedded conductor, off otherwise)."),
     lake: str = typer.Option(None, "--lake", help="Lake root for the trajectories: a local path or s3://bucket/prefix "
                              "(default OUT/lake; S3 credentials from AWS_* variables)."),
 ) -> None:
@@ -51,6 +55,7 @@ def answer_cmd(
     summary = answer_flow(questions=questions, out=str(out), pool=str(pool), conductor=conductor, samples=samples,
                           recursion_depth=recursion_depth, limit=limit, shard_size=shard_size, k=k, seed=seed,
                           temperature=temperature, max_tokens=max_tokens, run_id=run_id,
-                          cache=str(cache) if cache else None, replay=replay, lake=lake)
+                          cache=str(cache) if cache else None, replay=replay, lake=lake, fewshot=fewshot,
+                          constrained=constrained)
     typer.echo(format_summary(summary))
     typer.echo(f"answers: {summary['answers']}\nreport:  {summary['report']}\nlake:    {summary['lake']}")

@@ -28,6 +28,7 @@ class GenerationParams:
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     logprobs: bool = True
+    grammar: str | None = None     # GBNF constraint (conductor.grammar); honoured by llama.cpp backends
 
 
 class PolicyBackend(Protocol):

@@ -74,11 +74,13 @@ class OpenAIBackend:
             kwargs["seed"] = seed
         if params.stop:
             kwargs["stop"] = list(params.stop)
+        if params.grammar:  # llama.cpp's server reads a GBNF grammar from the request body
+            kwargs["extra_body"] = {**kwargs.get("extra_body", {}), "grammar": params.grammar}
         want_lp = params.logprobs and self._logprobs_ok is not False
         if want_lp:
             kwargs["logprobs"] = True
             if self.want_token_ids:
-                kwargs["extra_body"] = {"return_tokens_as_token_ids": True}
+                kwargs["extra_body"] = {**kwargs.get("extra_body", {}), "return_tokens_as_token_ids": True}
         probing = want_lp and self._logprobs_ok is None
         # While logprob support is unknown, probe without the client's retries: llama.cpp's server answers
         # 500 (not 400) for logprobs without logits_all, and retrying that only wastes back-off time.
@@ -91,7 +93,7 @@ class OpenAIBackend:
             if "logprob" in str(e).lower():
                 self._logprobs_ok = False
                 kwargs.pop("logprobs")
-                kwargs.pop("extra_body", None)
+                kwargs.get("extra_body", {}).pop("return_tokens_as_token_ids", None)
             resp = self.client.chat.completions.create(**kwargs)   # with the normal retry policy
         gens = []
         for choice in resp.choices:
