@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,38 +22,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SECRET = "s3cr3t-never-in-the-lake"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def s3():
-    from moto.server import ThreadedMotoServer
+    from s3_server import moto_s3
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    env = {"AWS_ACCESS_KEY_ID": "lake-test-key", "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_ENDPOINT_URL": endpoint,
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    import fsspec
-
-    fs = fsspec.filesystem("s3", skip_instance_cache=True)
-    fs.mkdir("lake-bucket")
-    try:
+    with moto_s3("lake-bucket", "lake-test-key", SECRET) as (endpoint, env, fs):
         yield {"endpoint": endpoint, "env": env, "fs": fs}
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        server.stop()
 
 
 def _keys(fs, prefix: str) -> list[str]:

@@ -8,7 +8,6 @@ import logging
 import multiprocessing as mp
 import os
 import random
-import socket
 from pathlib import Path
 
 import pytest
@@ -113,12 +112,12 @@ def _hammer(root: str, worker: int, n: int) -> None:
 
 def test_concurrent_writers_never_lose_or_corrupt_updates(tmp_path):
     root = str(tmp_path / "reg")
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn")  # fresh interpreters: nothing inherited from the test process
     procs = [ctx.Process(target=_hammer, args=(root, w, 15)) for w in range(3)]
     for p in procs:
         p.start()
     for p in procs:
-        p.join(60)
+        p.join(120)
         assert p.exitcode == 0
     doc = json.loads((tmp_path / "reg" / "registry.json").read_text())
     assert len(doc["checkpoints"]) == 45
@@ -141,31 +140,10 @@ def test_corrupt_registry_document_is_a_clear_error(tmp_path):
 @pytest.fixture(scope="module")
 def s3():
     pytest.importorskip("s3fs")
-    from moto.server import ThreadedMotoServer
+    from s3_server import moto_s3
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    env = {"AWS_ACCESS_KEY_ID": "reg-key", "AWS_SECRET_ACCESS_KEY": "reg-secret",
-           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    import fsspec
-
-    fs = fsspec.filesystem("s3", skip_instance_cache=True)
-    fs.mkdir("reg-bucket")
-    try:
+    with moto_s3("reg-bucket", "reg-key", "reg-secret") as (_endpoint, _env, fs):
         yield fs
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        server.stop()
 
 
 def test_registry_on_s3(s3):
