@@ -38,7 +38,7 @@ if [ -f requirements.lock ]; then
   CONSTRAINTS+=(-c "$TMP/lock.txt")
 fi
 STAMP="$HOME_DIR/install.stamp"
-WANT="$(cat pyproject.toml requirements.lock 2>/dev/null | sha256sum | cut -d' ' -f1) $(command -v "$PY")"
+WANT="$(cat pyproject.toml requirements.lock 2>/dev/null | sha256sum | cut -d' ' -f1) $(command -v "$PY") $(pwd)"  # pwd: the editable install points at this checkout
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && "$PY" -c "import conductor, typer" 2>/dev/null; then
   echo "dependencies already installed (stamp $STAMP)"
 else

@@ -4,7 +4,6 @@ real moto server on 127.0.0.1) and MLflow (a real local SQLite store) backends."
 from __future__ import annotations
 
 import json
-import logging
 import multiprocessing as mp
 import os
 import random
