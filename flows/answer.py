@@ -35,7 +35,7 @@ def answer_flow(questions: str, out: str, pool: str = DEFAULT_POOL, conductor: s
                 k: int | None = None, seed: int = 0, temperature: float = 0.7, max_tokens: int = 768,
                 run_id: str | None = None, cache: str | None = None, replay: bool = False,
                 show_progress: bool | None = None, lake: str | None = None, fewshot: str = "ood",
-                constrained: bool | None = None) -> dict[str, Any]:
+                constrained: bool | None = None, max_steps: int = 5) -> dict[str, Any]:
     """Answer a question set; trajectories go to the lake (OUT/lake, or any local or s3:// root given),
     answers to OUT/answers.jsonl, a summary and report to OUT."""
     from conductor.pool import load_pool
@@ -50,7 +50,8 @@ def answer_flow(questions: str, out: str, pool: str = DEFAULT_POOL, conductor: s
     if constrained is None:  # the untrained embedded conductor writes prose too often without the grammar
         constrained = checkpoint.startswith("embedded:")
     run_id = run_id or derive_run_id(questions, limit, manifest.id, manifest.fingerprint, checkpoint, samples,
-                                     recursion_depth, k, seed, temperature, max_tokens, fewshot, constrained)
+                                     recursion_depth, k, seed, temperature, max_tokens, fewshot, constrained,
+                                     max_steps)
     out_dir = Path(out)
     lake = lake or str(out_dir / "lake")
     probe = RunSpec(run_id=run_id, kind="answer", pool=manifest)
@@ -62,7 +63,8 @@ def answer_flow(questions: str, out: str, pool: str = DEFAULT_POOL, conductor: s
         with serving(manifest, conductor=conductor) as live:
             spec = RunSpec(run_id=run_id, kind="answer", pool=live.pool, checkpoint_id=live.checkpoint_id,
                            samples=samples, subpool_k=k, seed=seed, recursion_depth=recursion_depth,
-                           temperature=temperature, max_tokens=max_tokens, fewshot=fewshot, constrained=constrained)
+                           temperature=temperature, max_tokens=max_tokens, fewshot=fewshot, constrained=constrained,
+                           max_steps=max_steps)
             executor = live.executor(cache_path=cache or str(out_dir / "cache.sqlite"), replay=replay)
             with RunProgress(len(qs) * samples, "answering", enabled=show_progress) as progress:
                 progress.skip((len(qs) - sum(len(sq) for _, sq in todo)) * samples)

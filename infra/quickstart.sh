@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
 bash infra/install.sh
-conductor answer "${QUESTIONS:-gsm8k_test:5,mmlu_stem:5}" --out "${OUT:-runs/quickstart}" "$@"
+# At most 3 steps per workflow keeps the small local pool to a few minutes on 2 cores (the paper allows 5).
+conductor answer "${QUESTIONS:-gsm8k_test:5,mmlu_stem:5}" --out "${OUT:-runs/quickstart}" --max-steps 3 "$@"

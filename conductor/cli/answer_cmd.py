@@ -34,6 +34,7 @@ def answer_cmd(
                                 "none; optionally :k to keep k examples."),
     constrained: bool = typer.Option(None, "--constrained/--free", help="Decode the conductor under the workflow "
                                      "grammar (default: on for the embedded conductor, off otherwise)."),
+    max_steps: int = typer.Option(5, "--max-steps", min=1, help="Most steps a workflow may have (the paper: 5)."),
     lake: str = typer.Option(None, "--lake", help="Lake root for the trajectories: a local path or s3://bucket/prefix "
                              "(default OUT/lake; S3 credentials from AWS_* variables)."),
 ) -> None:
@@ -56,6 +57,6 @@ def answer_cmd(
                           recursion_depth=recursion_depth, limit=limit, shard_size=shard_size, k=k, seed=seed,
                           temperature=temperature, max_tokens=max_tokens, run_id=run_id,
                           cache=str(cache) if cache else None, replay=replay, lake=lake, fewshot=fewshot,
-                          constrained=constrained)
+                          constrained=constrained, max_steps=max_steps)
     typer.echo(format_summary(summary))
     typer.echo(f"answers: {summary['answers']}\nreport:  {summary['report']}\nlake:    {summary['lake']}")
