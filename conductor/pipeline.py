@@ -67,7 +67,7 @@ def plan(questions: Sequence["Question"], spec: RunSpec, shard: str = "") -> lis
     out = []
     for q in questions:
         sub = spec.subpool_for(q.id)
-        prompt = conductor_prompt(q.prompt, sub, fewshot=spec.fewshot, domain=q.domain,  # type: ignore[arg-type]
+        prompt = conductor_prompt(q.prompt, sub, fewshot=spec.fewshot, domain=q.domain,
                                   max_steps=spec.max_steps)
         for i in range(spec.samples):
             out.append(Trajectory(
