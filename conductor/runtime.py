@@ -63,10 +63,9 @@ def conductor_policy(spec: str, embedded_url: Any = None) -> tuple["PolicyBacken
     from conductor.policy import make_policy
 
     if spec == "auto" or spec.startswith("champion"):
-        from conductor.registry import Registry, RegistryError
+        from conductor.registry import RegistryError
 
-        uri = spec.partition("@")[2] or registry_uri()
-        entry = Registry.open(uri).champion if (spec != "auto" or _exists(uri)) else None
+        uri, entry = _champion(spec)
         if entry is not None:
             return make_policy(f"transformers:{entry.uri}"), entry.checkpoint_id
         if spec != "auto":
@@ -81,21 +80,22 @@ def conductor_policy(spec: str, embedded_url: Any = None) -> tuple["PolicyBacken
 def checkpoint_of(spec: str) -> str:
     """The checkpoint a conductor spec stands for right now, without loading anything (run ids use it)."""
     if spec == "auto" or spec.startswith("champion"):
-        from conductor.registry import Registry
-
-        uri = spec.partition("@")[2] or registry_uri()
-        entry = Registry.open(uri).champion if _exists(uri) else None
+        _, entry = _champion(spec)
         if entry is not None:
             return entry.checkpoint_id
         return f"embedded:{EMBEDDED_CONDUCTOR_MODEL}" if spec == "auto" else spec
     return f"embedded:{EMBEDDED_CONDUCTOR_MODEL}" if spec == "embedded" else spec
 
 
-def _exists(uri: str) -> bool:
+def _champion(spec: str) -> tuple[str, Any]:
+    """(registry URI, champion entry or None) for ``auto`` / ``champion[@URI]``; a missing registry has none."""
     import fsspec
 
+    from conductor.registry import Registry
+
+    uri = spec.partition("@")[2] or registry_uri()
     fs, path = fsspec.core.url_to_fs(uri)
-    return bool(fs.exists(path))
+    return uri, (Registry.open(uri).champion if fs.exists(path) else None)
 
 
 @contextlib.contextmanager
