@@ -58,6 +58,8 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--eval-questions", type=int, default=16, help="held-out questions, half math half MCQ")
     ap.add_argument("--eval-samples", type=int, default=2, help="samples per held-out question")
     ap.add_argument("--lr", type=float, default=2e-5)
+    ap.add_argument("--lr-schedule", default="cosine", choices=["cosine", "constant"])
+    ap.add_argument("--min-lr-ratio", type=float, default=0.0, help="cosine floor as a fraction of --lr")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (training and eval)")
     ap.add_argument("--max-tokens", type=int, default=16, help="conductor completion limit")
@@ -65,6 +67,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--prefill", default=ROUTING_PREFILL, help="assistant-turn prefix ('' for none)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest on a busy 2-core box)")
     ap.add_argument("--batch-size", type=int, default=8, help="generation batch size")
+    ap.add_argument("--micro-batch", type=int, default=0, help="trainer micro-batch (0 = the group size: one prompt pass per group)")
     ap.add_argument("--out", default="docs/figures", help="directory for learning.png and learning.json")
     ap.add_argument("--quick", action="store_true", help="2-iteration smoke run (small counts)")
     a = ap.parse_args(argv)
@@ -102,7 +105,10 @@ class PrefilledBackend:
         if not self.prefill:
             return self.inner.generate(prompts, n, params)
         tok = self.inner.tokenizer
-        rows = []
+        out: list[list[Generation]] = [[] for _ in prompts]
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        bs = self.inner.batch_size
         for i, p in enumerate(prompts):
             rendered = self.inner.render(p)
             base = tok(rendered, add_special_tokens=False)["input_ids"]
@@ -110,17 +116,10 @@ class PrefilledBackend:
             if full[:len(base)] != base:
                 raise ValueError("prefill changes the tokenisation of the prompt; choose another --prefill")
             pre_ids = full[len(base):]
-            rows += [(i, rendered + self.prefill, pre_ids)] * n
-        out: list[list[Generation]] = [[] for _ in prompts]
-        if params.seed is not None:
-            torch.manual_seed(params.seed)
-        bs = self.inner.batch_size
-        for s in range(0, len(rows), bs):
-            chunk = rows[s:s + bs]
-            gens = self.inner._generate_batch([r[1] for r in chunk], params)
-            for (i, _, pre_ids), g in zip(chunk, gens):
-                out[i].append(Generation(text=self.prefill + g.text, token_ids=list(pre_ids) + list(g.token_ids or []),
-                                         logprobs=None, finish_reason=g.finish_reason))
+            for s in range(0, n, bs):   # one prompt per batch: its prefill is computed once (shared=True)
+                gens = self.inner._generate_batch([rendered + self.prefill] * min(bs, n - s), params, shared=True)
+                out[i] += [Generation(text=self.prefill + g.text, token_ids=list(pre_ids) + list(g.token_ids or []),
+                                      logprobs=None, finish_reason=g.finish_reason) for g in gens]
         return out
 
     def close(self) -> None:
@@ -244,7 +243,9 @@ def main(argv: list[str] | None = None) -> None:
     pool = load_pool(Path(__file__).resolve().parent.parent / "data" / "pools" / "simulated.yaml")
     names = [w.name for w in pool.workers]
     gguf = ensure_models(which=["smollm2-135m-instruct"])["smollm2-135m-instruct"]
-    cfg = GRPOConfig.cpu(learning_rate=a.lr, total_iterations=a.iterations, temperature=a.temperature,
+    cfg = GRPOConfig.cpu(learning_rate=a.lr, lr_schedule=a.lr_schedule, min_lr_ratio=a.min_lr_ratio,
+                         total_iterations=a.iterations, temperature=a.temperature,
+                         micro_batch_size=a.micro_batch or a.group_size,
                          seed=a.seed, max_completion_tokens=a.max_tokens + 16)
     trainer = PolicyTrainer(str(ensure_hf_checkpoint(gguf)), cfg)
     policy = PrefilledBackend(TransformersBackend(trainer.model, trainer.tokenizer, batch_size=a.batch_size), a.prefill)

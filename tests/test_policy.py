@@ -122,6 +122,29 @@ def test_transformers_greedy_is_deterministic_and_seeded_sampling_repeats(tf_bac
     assert [g.token_ids for g in tf_backend.generate(PROMPTS, 1, p)[0]] == [g.token_ids for g in tf_backend.generate(PROMPTS, 1, p)[0]]
 
 
+@needs_torch
+def test_transformers_shared_group_prefill_is_exact(tf_backend):
+    """A GRPO group's prompt is prefilled once and its KV cache copied to every sample: same tokens,
+    same log-probs as prefilling each row, and sampled groups stay seed-reproducible."""
+    greedy = GenerationParams(temperature=0.0, max_tokens=8)
+    try:
+        tf_backend.share_prefill = False
+        plain = tf_backend.generate(PROMPTS, n=3, params=greedy)
+        tf_backend.share_prefill = True
+        shared = tf_backend.generate(PROMPTS, n=3, params=greedy)
+    finally:
+        tf_backend.share_prefill = True
+    for p_row, s_row in zip(plain, shared):
+        assert [g.token_ids for g in s_row] == [g.token_ids for g in p_row]
+        assert [g.prompt_token_ids for g in s_row] == [g.prompt_token_ids for g in p_row]
+        for a, b in zip(s_row, p_row):
+            assert a.logprobs == pytest.approx(b.logprobs, abs=2e-3)
+    p = GenerationParams(temperature=1.0, max_tokens=8, seed=11)
+    first = tf_backend.generate(PROMPTS[:1], n=5, params=p)[0]     # 5 > batch_size 4: two shared batches
+    assert len(first) == 5
+    assert [g.token_ids for g in first] == [g.token_ids for g in tf_backend.generate(PROMPTS[:1], n=5, params=p)[0]]
+
+
 # ---------------------------------------------------------------- llama.cpp (real model)
 
 @pytest.fixture(scope="module")

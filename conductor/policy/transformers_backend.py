@@ -25,9 +25,10 @@ class TransformersBackend:
     name = "transformers"
 
     def __init__(self, model: Any, tokenizer: Any, *, batch_size: int = 8, system_prompt: str | None = None,
-                 source: str = "<in-memory>"):
+                 source: str = "<in-memory>", share_prefill: bool = True):
         """Wrap an already-loaded model and tokenizer (e.g. the policy being trained)."""
         self.model = model
+        self.share_prefill = share_prefill
         self.tokenizer = tokenizer
         self.batch_size = max(1, batch_size)
         self.system_prompt = system_prompt
@@ -83,25 +84,43 @@ class TransformersBackend:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
     def generate(self, prompts: list[str], n: int, params: GenerationParams) -> list[list[Generation]]:
-        """n samples per prompt; rows of (prompt, sample) run in left-padded batches of ``batch_size``."""
+        """n samples per prompt. With n > 1 each batch holds samples of ONE prompt, whose prefill is computed
+        once and shared (a GRPO group costs one prompt pass, not G); with n = 1 prompts are left-padded
+        into batches of ``batch_size``."""
         import torch
 
-        rows = [(i, self.render(p)) for i, p in enumerate(prompts) for _ in range(n)]
         out: list[list[Generation]] = [[] for _ in prompts]
         if params.seed is not None:
             torch.manual_seed(params.seed)
+        if n > 1 and self.share_prefill:
+            for i, p in enumerate(prompts):
+                text = self.render(p)
+                for start in range(0, n, self.batch_size):
+                    out[i] += self._generate_batch([text] * min(self.batch_size, n - start), params, shared=True)
+            return out
+        rows = [(i, self.render(p)) for i, p in enumerate(prompts) for _ in range(n)]
         for start in range(0, len(rows), self.batch_size):
             chunk = rows[start:start + self.batch_size]
             for (i, _), gen in zip(chunk, self._generate_batch([text for _, text in chunk], params)):
                 out[i].append(gen)
         return out
 
-    def _generate_batch(self, texts: list[str], params: GenerationParams) -> list[Generation]:
+    def _generate_batch(self, texts: list[str], params: GenerationParams, shared: bool = False) -> list[Generation]:
+        """One ``generate`` call; ``shared``: all texts are the same prompt, prefilled once (exact)."""
         import torch
 
         tok = self.tokenizer
         tok.padding_side = "left"
         enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.model.device)
+        extra: dict[str, Any] = {}
+        if shared and len(texts) > 1 and enc["input_ids"].shape[1] > 1:
+            # Prefill all but the last prompt token once, then copy the KV cache to every row: generate()
+            # sees a cache covering the prompt and feeds only the last token (cache_position).
+            with torch.inference_mode():
+                pre = self.model(input_ids=enc["input_ids"][:1, :-1], use_cache=True)
+            cache = pre.past_key_values
+            cache.batch_repeat_interleave(len(texts))
+            extra["past_key_values"] = cache
         sample = params.temperature > 0
         kwargs: dict[str, Any] = dict(
             max_new_tokens=params.max_tokens, do_sample=sample, output_logits=True, return_dict_in_generate=True,
@@ -115,7 +134,7 @@ class TransformersBackend:
         if params.stop:
             kwargs.update(stop_strings=list(params.stop), tokenizer=tok)
         with torch.inference_mode():
-            res = self.model.generate(**enc, **kwargs)
+            res = self.model.generate(**enc, **kwargs, **extra)
         prompt_len = enc["input_ids"].shape[1]
         new = res.sequences[:, prompt_len:]
         logits = torch.stack(res.logits, dim=1).float()             # [batch, new_len, vocab]
