@@ -11,6 +11,7 @@ option, to match the other backends' convention. vLLM is imported only here.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from conductor.policy.base import Generation, GenerationParams
@@ -52,7 +53,9 @@ class VLLMBackend:
 
     def generate(self, prompts: list[str], n: int, params: GenerationParams) -> list[list[Generation]]:
         texts = [self.render(p) for p in prompts]
-        outputs = self.llm.generate(texts, self.sampling_params(n, params), use_tqdm=False)
+        # vLLM refuses n > 1 with greedy decoding; greedy samples are identical, so decode once and copy.
+        copies = n if params.temperature == 0 and n > 1 else 1
+        outputs = self.llm.generate(texts, self.sampling_params(n // copies, params), use_tqdm=False)
         result: list[list[Generation]] = []
         for request in outputs:       # vLLM returns outputs in the order of the prompts
             gens = []
@@ -61,7 +64,7 @@ class VLLMBackend:
                 logprobs = _chosen_logprobs(ids, c.logprobs) if params.logprobs else None
                 gens.append(Generation(text=c.text, token_ids=ids, logprobs=logprobs, finish_reason=c.finish_reason,
                                        prompt_token_ids=list(request.prompt_token_ids or [])))
-            result.append(gens)
+            result.append([replace(g) for g in gens for _ in range(copies)])
         return result
 
     def close(self) -> None:
