@@ -1,17 +1,22 @@
-"""llama.cpp OpenAI-compatible servers that the project starts, health-checks and stops itself.
+"""The OpenAI-compatible servers that the project starts, health-checks and stops itself.
 
 WHY: the embedded pool's workers are ordinary OpenAI-compatible endpoints, so the
 same provider code calls a local 135M model and a frontier API. A pool manifest
 names an embedded worker as ``base_url: embedded://<model>``; ``resolve_embedded``
-starts one ``python -m llama_cpp.server`` per distinct model on 127.0.0.1 and a
-free port, waits until ``/v1/models`` answers, and returns the pool with real
-URLs. Servers die with the process (atexit) or when the context manager exits;
+starts one server per distinct model on 127.0.0.1 and a free port, waits until it
+answers, and returns the pool with real URLs. The server is llama.cpp's
+(``python -m llama_cpp.server``) when llama-cpp-python is importable, else the
+transformers fallback (``conductor.transformers_server``, for machines without a
+C++ compiler); ``CONDUCTOR_EMBEDDED_SERVER=llamacpp|transformers`` overrides the
+choice. Servers die with the process (atexit) or when the context manager exits;
 their output goes to a log file, never to the terminal.
 """
 
 from __future__ import annotations
 
 import atexit
+import importlib.util
+import logging
 import os
 import socket
 import subprocess
@@ -19,14 +24,19 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, ClassVar, Iterable
 
 if TYPE_CHECKING:
-    from conductor.pool import Pool
+    from conductor.pool import Pool, Worker
 
 EMBEDDED_SCHEME = "embedded://"
+SERVER_ENV = "CONDUCTOR_EMBEDDED_SERVER"
+SERVER_KINDS = ("llamacpp", "transformers")
+
+log = logging.getLogger(__name__)
 
 
 class ServerError(RuntimeError):
@@ -40,7 +50,12 @@ class ServerSettings:
     n_batch: int = 512
     logits_all: bool = False         # True makes the server return logprobs, at a prompt-processing cost
     startup_timeout_s: float = 180.0
-    extra_args: tuple[str, ...] = ()
+    extra_args: tuple[str, ...] = ()  # appended to the server command (llama.cpp or transformers flags, per kind)
+
+
+def default_threads() -> int:
+    """All cores but one, at least one."""
+    return max(1, (os.cpu_count() or 1) - 1)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -51,8 +66,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 @dataclass
-class LlamaServer:
-    """One ``llama_cpp.server`` subprocess serving one GGUF file under an alias."""
+class ServerProcess(ABC):
+    """One server subprocess serving one model under an alias: start, wait until healthy, stop.
+
+    Subclasses say how to launch it (``command``, ``env``, ``cwd``), what to check or
+    build first (``prepare``) and how to tell it is ready (``healthy``).
+    """
 
     model_path: Path
     alias: str
@@ -62,37 +81,59 @@ class LlamaServer:
     log_path: Path | None = None
     process: subprocess.Popen | None = None
 
+    label: ClassVar[str] = "server"          # for messages: "<alias>: <label> exited ..."
+    log_prefix: ClassVar[str] = "server"     # log file: <log_prefix>-<alias>-<port>.log
+
     @property
     def url(self) -> str:
         """The OpenAI base URL (with /v1)."""
         return f"http://{self.host}:{self.port}/v1"
 
+    @abstractmethod
     def command(self) -> list[str]:
-        s = self.settings
-        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(self.model_path), "--model_alias", self.alias,
-               "--host", self.host, "--port", str(self.port), "--n_ctx", str(s.n_ctx), "--n_batch", str(s.n_batch),
-               "--n_threads", str(s.n_threads or max(1, (os.cpu_count() or 1) - 1))]
-        if s.logits_all:
-            cmd += ["--logits_all", "true"]
-        return cmd + list(s.extra_args)
+        """The argv that starts the server."""
 
-    def start(self) -> "LlamaServer":
-        if self.process is not None and self.process.poll() is None:
-            return self
+    @abstractmethod
+    def healthy(self) -> bool:
+        """True once the server answers requests for this model."""
+
+    def prepare(self) -> None:
+        """Check (or build) what the server needs before it starts; raise ServerError if impossible."""
         if not self.model_path.is_file():
             raise ServerError(f"{self.alias}: model file {self.model_path} does not exist")
+
+    def env(self) -> dict[str, str] | None:
+        """The child's environment (None: inherit ours)."""
+        return None
+
+    def cwd(self) -> Path | None:
+        return None
+
+    @classmethod
+    def adapt(cls, worker: "Worker", alias: str) -> "Worker":
+        """The worker as a server of this kind for ``alias`` needs it called; unchanged by default.
+
+        A classmethod so resolution can check every worker before starting any server.
+        """
+        return worker
+
+    def start(self) -> "ServerProcess":
+        if self.process is not None and self.process.poll() is None:
+            return self
         self.port = self.port or free_port(self.host)
         if self.log_path is None:
             from conductor.embedded import conductor_home
 
-            self.log_path = conductor_home() / "logs" / f"llama-server-{self.alias}-{self.port}.log"
+            self.log_path = conductor_home() / "logs" / f"{self.log_prefix}-{self.alias}-{self.port}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
+        self.prepare()
+        log_file = open(self.log_path, "ab")
         try:
-            self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(self.command(), stdout=log_file, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True, env=self.env(),
+                                            cwd=self.cwd())
         finally:
-            log.close()
+            log_file.close()
         _LIVE.append(self)
         try:
             self.wait_healthy(self.settings.startup_timeout_s)
@@ -101,26 +142,18 @@ class LlamaServer:
             raise
         return self
 
-    def healthy(self) -> bool:
-        """True when ``GET /v1/models`` lists this server's alias."""
-        try:
-            with urllib.request.urlopen(f"{self.url}/models", timeout=2) as r:
-                return r.status == 200 and self.alias.encode() in r.read()
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
-
     def wait_healthy(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         delay = 0.1
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
-                raise ServerError(f"{self.alias}: llama.cpp server exited with code {self.process.returncode} during start-up: "
-                                  f"{_last_line(self.log_path)} (log: {self.log_path})")
+                raise ServerError(f"{self.alias}: {self.label} exited with code {self.process.returncode} during "
+                                  f"start-up: {_last_line(self.log_path)} (log: {self.log_path})")
             if self.healthy():
                 return
             time.sleep(delay)
             delay = min(delay * 1.5, 1.0)
-        raise ServerError(f"{self.alias}: llama.cpp server not healthy after {timeout_s:.0f}s (log: {self.log_path})")
+        raise ServerError(f"{self.alias}: {self.label} not healthy after {timeout_s:.0f}s (log: {self.log_path})")
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Terminate, then kill if it does not exit in time; safe to call twice."""
@@ -135,14 +168,39 @@ class LlamaServer:
         if self in _LIVE:
             _LIVE.remove(self)
 
-    def __enter__(self) -> "LlamaServer":
+    def __enter__(self) -> "ServerProcess":
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
-_LIVE: list[LlamaServer] = []
+@dataclass
+class LlamaServer(ServerProcess):
+    """One ``llama_cpp.server`` subprocess serving one GGUF file under an alias (any request model name works)."""
+
+    label: ClassVar[str] = "llama.cpp server"
+    log_prefix: ClassVar[str] = "llama-server"
+
+    def command(self) -> list[str]:
+        s = self.settings
+        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(self.model_path), "--model_alias", self.alias,
+               "--host", self.host, "--port", str(self.port), "--n_ctx", str(s.n_ctx), "--n_batch", str(s.n_batch),
+               "--n_threads", str(s.n_threads or default_threads())]
+        if s.logits_all:
+            cmd += ["--logits_all", "true"]
+        return cmd + list(s.extra_args)
+
+    def healthy(self) -> bool:
+        """True when ``GET /v1/models`` lists this server's alias."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/models", timeout=2) as r:
+                return r.status == 200 and self.alias.encode() in r.read()
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+
+_LIVE: list[ServerProcess] = []
 
 
 def _stop_all() -> None:
@@ -161,27 +219,80 @@ def _last_line(path: Path | None) -> str:
     return lines[-1][:300] if lines else "empty log"
 
 
+def server_kind(requested: str | None = None) -> str:
+    """Which server runs the embedded models: ``requested``, else ``$CONDUCTOR_EMBEDDED_SERVER``, else auto.
+
+    Auto is llama.cpp when ``llama_cpp`` is importable (faster decode, quantised
+    weights), else transformers (no compiler needed).
+
+    >>> server_kind("transformers")
+    'transformers'
+    >>> server_kind("vllm")
+    Traceback (most recent call last):
+    ...
+    conductor.servers.ServerError: embedded server kind 'vllm': expected llamacpp, transformers or auto
+    """
+    source = "embedded server kind" if requested is not None else SERVER_ENV
+    value = (requested if requested is not None else os.environ.get(SERVER_ENV, "")).strip().lower() or "auto"
+    has_llama = importlib.util.find_spec("llama_cpp") is not None
+    if value == "auto":
+        return "llamacpp" if has_llama else "transformers"
+    if value not in SERVER_KINDS:
+        raise ServerError(f"{source} {value!r}: expected {', '.join(SERVER_KINDS)} or auto")
+    if value == "llamacpp" and not has_llama:
+        raise ServerError(f"{source} 'llamacpp': llama_cpp is not importable (install llama-cpp-python[server], "
+                          f"or use transformers)")
+    return value
+
+
 class EmbeddedServers:
-    """The set of servers for the embedded models a run uses; a context manager that stops them all."""
+    """The set of servers for the embedded models a run uses; a context manager that stops them all.
+
+    ``kind`` (``llamacpp``/``transformers``/``auto``; default ``$CONDUCTOR_EMBEDDED_SERVER`` or auto) is
+    resolved on the first start, so a run that needs no embedded model never checks it.
+    """
 
     def __init__(self, settings: ServerSettings | None = None, data_dir: str | Path | None = None,
-                 per_model: dict[str, ServerSettings] | None = None):
+                 per_model: dict[str, ServerSettings] | None = None, kind: str | None = None):
         self.settings = settings
         self.data_dir = data_dir
         self.per_model = dict(per_model or {})
-        self.servers: dict[str, LlamaServer] = {}
+        self.requested_kind = kind
+        self._kind: str | None = None
+        self.servers: dict[str, ServerProcess] = {}
 
-    def url(self, name: str) -> str:
-        """The base URL for an embedded model, starting its server on first use."""
+    @property
+    def kind(self) -> str:
+        if self._kind is None:
+            self._kind = server_kind(self.requested_kind)
+            log.info("embedded models are served by %s", "llama.cpp (llama_cpp.server)" if self._kind == "llamacpp"
+                     else "transformers (transformers serve)")
+        return self._kind
+
+    @property
+    def server_class(self) -> type[ServerProcess]:
+        if self.kind == "transformers":
+            from conductor.transformers_server import TransformersServer
+
+            return TransformersServer
+        return LlamaServer
+
+    def server(self, name: str) -> ServerProcess:
+        """The running server for an embedded model, started on first use."""
         from conductor.embedded import model_path, spec_for
 
         spec = spec_for(name)
         server = self.servers.get(spec.name)
         if server is None or server.process is None or server.process.poll() is not None:
             settings = self.per_model.get(spec.name) or self.settings or ServerSettings(n_ctx=spec.n_ctx)
-            server = LlamaServer(model_path(spec.name, self.data_dir), alias=spec.name, settings=settings).start()
+            path = model_path(spec.name, self.data_dir)
+            server = self.server_class(path, alias=spec.name, settings=settings).start()
             self.servers[spec.name] = server
-        return server.url
+        return server
+
+    def url(self, name: str) -> str:
+        """The base URL for an embedded model, starting its server on first use."""
+        return self.server(name).url
 
     def start(self, names: Iterable[str]) -> dict[str, str]:
         return {n: self.url(n) for n in names}
@@ -226,14 +337,23 @@ def resolve_embedded(pool: "Pool", servers: EmbeddedServers | None = None) -> tu
 
     Compute ``pool.fingerprint`` (and any cache keys) from the manifest pool, before
     resolution: the resolved URLs carry a port that changes from run to run.
-    Use the returned ``EmbeddedServers`` as a context manager to stop them.
+    Use the returned ``EmbeddedServers`` as a context manager to stop them. Each worker
+    is adapted to its server (``ServerProcess.adapt``): the transformers server only
+    answers requests naming its model, so a worker's ``model`` becomes the server's.
     """
     from conductor.cache import MANIFEST_URL_OPTION   # the cache keys on it, so it survives new ports
 
+    from conductor.embedded import spec_for
+
     servers = servers or EmbeddedServers()
-    workers = []
-    for w in pool.workers:
+    adapted = []
+    for w in pool.workers:   # adapt (and refuse what the server cannot do) before any server starts
         name = embedded_name(w.base_url)
-        workers.append(w.model_copy(update={"base_url": servers.url(name),
-                                            "options": {**w.options, MANIFEST_URL_OPTION: w.base_url}}) if name else w)
+        adapted.append((w if name is None else servers.server_class.adapt(w, spec_for(name).name), name))
+    workers = []
+    for w, name in adapted:
+        if name is not None:
+            options = {**w.options, MANIFEST_URL_OPTION: w.base_url}
+            w = w.model_copy(update={"base_url": servers.url(name), "options": options})
+        workers.append(w)
     return pool.model_copy(update={"workers": tuple(workers)}), servers
