@@ -65,6 +65,8 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=16, help="conductor completion limit")
     ap.add_argument("--fewshot", default="none", choices=["none", "ood", "in_domain", "mixed"])
     ap.add_argument("--prefill", default=ROUTING_PREFILL, help="assistant-turn prefix ('' for none)")
+    ap.add_argument("--constrain", action="store_true",
+                    help="constrained decoding after the prefill: one worker index, ']', end (see RoutingConstraint)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest on a busy 2-core box)")
     ap.add_argument("--batch-size", type=int, default=8, help="generation batch size")
     ap.add_argument("--micro-batch", type=int, default=0, help="trainer micro-batch (0 = the group size: one prompt pass per group)")
@@ -93,9 +95,14 @@ class PrefilledBackend:
 
     name = "transformers+prefill"
 
-    def __init__(self, inner: Any, prefill: str):
+    def __init__(self, inner: Any, prefill: str, constraint: "RoutingConstraint | None" = None):
         self.inner = inner
         self.prefill = prefill
+        self.constraint = constraint
+        if constraint is not None:
+            from transformers import LogitsProcessorList
+
+            inner.generate_kwargs["logits_processor"] = LogitsProcessorList([constraint])
 
     def generate(self, prompts: list[str], n: int, params: Any) -> list[list[Any]]:
         import torch
@@ -117,6 +124,8 @@ class PrefilledBackend:
                 raise ValueError("prefill changes the tokenisation of the prompt; choose another --prefill")
             pre_ids = full[len(base):]
             for s in range(0, n, bs):   # one prompt per batch: its prefill is computed once (shared=True)
+                if self.constraint is not None:
+                    self.constraint.start = len(full)
                 gens = self.inner._generate_batch([rendered + self.prefill] * min(bs, n - s), params, shared=True)
                 out[i] += [Generation(text=self.prefill + g.text, token_ids=list(pre_ids) + list(g.token_ids or []),
                                       logprobs=None, finish_reason=g.finish_reason) for g in gens]
@@ -124,6 +133,33 @@ class PrefilledBackend:
 
     def close(self) -> None:
         return None
+
+
+class RoutingConstraint:
+    """``--constrain``: after the routing prefill, the model may only write one worker index, ``]`` and end.
+
+    A transformers ``LogitsProcessor`` (constrained decoding, like the product's workflow grammar for the
+    embedded conductor): every sample parses, so GRPO's signal is the routing choice alone instead of being
+    mixed with learning the list syntax. Only the allowed tokens are masked; the trainer scores the sampled
+    tokens under the unconstrained model, as grammar-constrained RL usually does.
+    """
+
+    def __init__(self, tokenizer: Any, n_workers: int, eos_id: int):
+        ids = [tokenizer(str(i), add_special_tokens=False)["input_ids"] for i in range(n_workers)]
+        close = tokenizer("]", add_special_tokens=False)["input_ids"]
+        if any(len(x) != 1 for x in ids) or len(close) != 1:
+            raise ValueError("--constrain needs single-token worker indices and ']' in this tokenizer")
+        self.allowed = [[x[0] for x in ids], close, [eos_id]]
+        self.start: int | None = None
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        step = input_ids.shape[1] - self.start if self.start is not None else 0
+        allowed = self.allowed[min(step, len(self.allowed) - 1)]
+        mask = torch.full_like(scores, float("-inf"))
+        mask[:, allowed] = 0.0
+        return scores + mask
 
 
 def _split(n_eval: int, seed: int) -> tuple[list[Any], list[Any], list[Any]]:
@@ -246,16 +282,26 @@ def main(argv: list[str] | None = None) -> None:
     cfg = GRPOConfig.cpu(learning_rate=a.lr, lr_schedule=a.lr_schedule, min_lr_ratio=a.min_lr_ratio,
                          total_iterations=a.iterations, temperature=a.temperature,
                          micro_batch_size=a.micro_batch or a.group_size,
-                         seed=a.seed, max_completion_tokens=a.max_tokens + 16)
+                         seed=a.seed, max_completion_tokens=a.max_tokens + 256)
     trainer = PolicyTrainer(str(ensure_hf_checkpoint(gguf)), cfg)
-    policy = PrefilledBackend(TransformersBackend(trainer.model, trainer.tokenizer, batch_size=a.batch_size), a.prefill)
+    inner = TransformersBackend(trainer.model, trainer.tokenizer, batch_size=a.batch_size)
+    constraint = None
+    if a.constrain:
+        if not a.prefill:
+            raise SystemExit("learning bench: --constrain needs a --prefill that ends at the worker index")
+        constraint = RoutingConstraint(trainer.tokenizer, len(names), trainer.tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    policy = PrefilledBackend(inner, a.prefill, constraint)
+    n_prefill = len(trainer.tokenizer(a.prefill, add_special_tokens=False)["input_ids"])
+    if n_prefill + a.max_tokens > cfg.max_completion_tokens:   # the trainer would cut off the routing tokens
+        raise SystemExit(f"learning bench: prefill ({n_prefill} tokens) + --max-tokens exceeds the trainer's "
+                         f"max_completion_tokens ({cfg.max_completion_tokens})")
     executor = Executor()
     train_math, train_mcq, held = _split(a.eval_questions, a.seed)
     common = dict(pool=pool, fewshot=a.fewshot, temperature=a.temperature, max_tokens=a.max_tokens)
     eval_spec = RunSpec(run_id="learning-eval", kind="eval", samples=a.eval_samples, seed=a.seed + 10_000, **common)
     print(f"learning bench: iterations={a.iterations} questions/iter={a.questions_per_iteration} G={a.group_size} "
           f"eval={len(held)}x{a.eval_samples} lr={a.lr} T={a.temperature} max_tokens={a.max_tokens} "
-          f"fewshot={a.fewshot} prefill={a.prefill!r} threads={a.threads} load={os.getloadavg()[0]:.1f}", flush=True)
+          f"fewshot={a.fewshot} prefill={a.prefill!r} constrain={a.constrain} threads={a.threads} load={os.getloadavg()[0]:.1f}", flush=True)
 
     def evaluate(tag: str) -> dict[str, Any]:
         t0 = time.time()

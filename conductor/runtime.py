@@ -71,7 +71,7 @@ def conductor_policy(spec: str, embedded_url: Any = None) -> tuple["PolicyBacken
         if spec != "auto":
             raise RegistryError(f"registry {uri}: no champion has been promoted yet")
         spec = "embedded"
-    if spec == "embedded" and embedded_url is not None:
+    if spec == "embedded" and embedded_url is not None:   # the embedded llama.cpp server, model loaded once
         url = embedded_url(EMBEDDED_CONDUCTOR_MODEL)
         return make_policy(f"openai:{EMBEDDED_CONDUCTOR_MODEL}@{url}"), f"embedded:{EMBEDDED_CONDUCTOR_MODEL}"
     return make_policy(spec), spec
@@ -108,7 +108,9 @@ def serving(manifest: "Pool", conductor: str = "auto", bind_as_worker: bool = Tr
         pool = manifest
         if embedded_models(manifest):
             pool, _ = resolve_embedded(manifest, servers)
-        policy, checkpoint_id = conductor_policy(conductor, servers.url)
+        # The embedded conductor shares the llama.cpp server (grammar, n, log-probs); the transformers fallback
+        # server supports none of those, so then the conductor runs in process (make_policy falls back too).
+        policy, checkpoint_id = conductor_policy(conductor, servers.url if servers.kind == "llamacpp" else None)
         stack.callback(_close, policy)
         if bind_as_worker and any(w.provider == "conductor" for w in pool.workers):
             from conductor.providers.conductor import bind_conductor, unbind_conductor

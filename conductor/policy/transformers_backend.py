@@ -25,10 +25,15 @@ class TransformersBackend:
     name = "transformers"
 
     def __init__(self, model: Any, tokenizer: Any, *, batch_size: int = 8, system_prompt: str | None = None,
-                 source: str = "<in-memory>", share_prefill: bool = True):
-        """Wrap an already-loaded model and tokenizer (e.g. the policy being trained)."""
+                 source: str = "<in-memory>", share_prefill: bool = True,
+                 generate_kwargs: dict[str, Any] | None = None):
+        """Wrap an already-loaded model and tokenizer (e.g. the policy being trained).
+
+        ``generate_kwargs`` go to every ``model.generate`` call (e.g. a ``logits_processor`` for
+        constrained decoding); log-probs stay those of the unconstrained model distribution."""
         self.model = model
         self.share_prefill = share_prefill
+        self.generate_kwargs = dict(generate_kwargs or {})
         self.tokenizer = tokenizer
         self.batch_size = max(1, batch_size)
         self.system_prompt = system_prompt
@@ -134,7 +139,7 @@ class TransformersBackend:
         if params.stop:
             kwargs.update(stop_strings=list(params.stop), tokenizer=tok)
         with torch.inference_mode():
-            res = self.model.generate(**enc, **kwargs, **extra)
+            res = self.model.generate(**enc, **{**kwargs, **self.generate_kwargs}, **extra)
         prompt_len = enc["input_ids"].shape[1]
         new = res.sequences[:, prompt_len:]
         logits = torch.stack(res.logits, dim=1).float()             # [batch, new_len, vocab]
