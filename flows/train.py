@@ -1,6 +1,10 @@
 """One GRPO step on one stored rollout run: read the run from the lake, update the policy, save a
 checkpoint with its lineage, register it (as a candidate: promotion is the evaluation's decision).
-A rerun finds the checkpoint already saved and returns it (idempotent)."""
+A rerun finds the checkpoint already saved and returns it (idempotent).
+
+Sharded full fine-tuning (the paper's 7B on 2 x H100): a config with ``distributed: fsdp`` and
+``nproc_per_node`` > 1 (or left unset on a machine with several GPUs) runs the step as ``torchrun``
+processes, one per GPU, over the ``train-step`` CLI (``conductor.grpo.launch``)."""
 
 from __future__ import annotations
 
@@ -12,23 +16,37 @@ from prefect.cache_policies import NONE
 
 
 @task(name="grpo-step", cache_policy=NONE, timeout_seconds=None)
-def grpo_step_task(base: str, lake: str, run_id: str, out: str, checkpoint_id: str, config: dict[str, Any]) -> dict[str, Any]:
+def grpo_step_task(base: str, lake: str, run_id: str, out: str, checkpoint_id: str, config: dict[str, Any],
+                   nproc_per_node: int = 1) -> dict[str, Any]:
     from conductor.grpo.config import GRPOConfig
+
+    cfg = GRPOConfig(**config) if config else GRPOConfig()
+    if nproc_per_node > 1:
+        from conductor.grpo.launch import torchrun_train_step
+
+        get_run_logger().info("GRPO step on %s as torchrun with %d processes (%s)", run_id, nproc_per_node,
+                              cfg.distributed)
+        path, metrics = torchrun_train_step(nproc_per_node, run_id=run_id, lake=lake, base=base, out=out,
+                                            checkpoint_id=checkpoint_id, config=cfg.to_json())
+        return {"uri": path, "checkpoint_id": checkpoint_id, "metrics": metrics}
     from conductor.grpo.trainer import grpo_step
     from conductor.lake.reader import load_trajectories
 
     trajectories = load_trajectories(lake, run_id, kind="rollout")
     if not trajectories:
         raise ValueError(f"lake {lake}: rollout run {run_id!r} has no trajectories")
-    cfg = GRPOConfig(**config) if config else GRPOConfig()
     path, metrics = grpo_step(base, trajectories, cfg, out=out, checkpoint_id=checkpoint_id)
     return {"uri": path, "checkpoint_id": checkpoint_id, "metrics": metrics}
 
 
 @flow(name="conductor-train", persist_result=False)
 def train_flow(base: str, lake: str, run_id: str, out: str, checkpoint_id: str, registry: str | None = None,
-               config: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``base`` is a checkpoint directory, a .gguf file or an s3:// checkpoint URL; ``out`` the new checkpoint."""
+               config: dict[str, Any] | None = None, nproc_per_node: int | None = None) -> dict[str, Any]:
+    """``base`` is a checkpoint directory, a .gguf file or an s3:// checkpoint URL; ``out`` the new checkpoint.
+
+    ``nproc_per_node``: training processes (GPUs) for ``distributed: fsdp``; None = one per visible GPU when
+    the config says fsdp, else 1. With more than one the step runs under ``torchrun``.
+    """
     from conductor.registry import Registry, read_lineage
 
     log = get_run_logger()
@@ -37,7 +55,10 @@ def train_flow(base: str, lake: str, run_id: str, out: str, checkpoint_id: str, 
                   "resumed": True}
         log.info("checkpoint %s already saved at %s: reusing it", checkpoint_id, out)
     else:
-        result = grpo_step_task(base, lake, run_id, out, checkpoint_id, config or {})
+        from conductor.grpo.launch import processes_for
+
+        result = grpo_step_task(base, lake, run_id, out, checkpoint_id, config or {},
+                                processes_for(config or {}, nproc_per_node))
         log.info("GRPO step on %s -> %s: %s", run_id, result["uri"], result["metrics"])
     if registry:
         reg = Registry.open(registry)

@@ -30,6 +30,15 @@ def _registry(root: str | None):
         fail(f"registry {root}: {e}")
 
 
+def _fail(message: str) -> "typer.Exit":
+    """``fail`` on rank 0 only: under ``torchrun`` every rank meets the same error, one line is enough."""
+    from conductor.grpo.distributed import world
+
+    if world().is_main:
+        fail(message)
+    raise typer.Exit(2)
+
+
 def _grpo_config(config: Path | None, preset: str | None, overrides: str | None):
     from conductor.grpo.config import GRPOConfig, GRPOConfigError
 
@@ -43,15 +52,15 @@ def _grpo_config(config: Path | None, preset: str | None, overrides: str | None)
         elif preset is None:
             base = GRPOConfig().to_json()
         else:
-            fail(f"--preset: must be cpu or paper, not {preset!r}")
+            _fail(f"--preset: must be cpu or paper, not {preset!r}")
         extra = json.loads(overrides) if overrides else {}
         if not isinstance(extra, dict):
-            fail("--set: must be a JSON object of GRPOConfig fields")
+            _fail("--set: must be a JSON object of GRPOConfig fields")
         return GRPOConfig.from_dict({**base, **extra}, "--set" if extra else str(config or "config"))
     except GRPOConfigError as e:
-        fail(str(e))
+        _fail(str(e))
     except json.JSONDecodeError as e:
-        fail(f"--set: not JSON: {e.msg} at column {e.colno}")
+        _fail(f"--set: not JSON: {e.msg} at column {e.colno}")
 
 
 @app.command("train-step")
@@ -64,25 +73,35 @@ def train_step(
     preset: str = typer.Option(None, "--preset", help="cpu or paper (when no --config)."),
     set_: str = typer.Option(None, "--set", help="JSON overrides, e.g. '{\"learning_rate\": 1e-5}'."),
     register: str = typer.Option(None, "--register", help="Also register the checkpoint in this registry."),
+    checkpoint_id: str = typer.Option(None, "--id", help="Checkpoint id (default: the --out directory name)."),
 ) -> None:
-    """One GRPO update on a stored rollout run; prints the metrics as JSON."""
+    """One GRPO update on a stored rollout run; prints the metrics as JSON.
+
+    Sharded over GPUs: ``torchrun --standalone --nproc_per_node N -m conductor.cli train-step ...`` with a
+    config that says ``distributed: fsdp`` (the paper preset does); only rank 0 writes, registers and prints.
+    """
     cfg = _grpo_config(config, preset, set_)
+    from conductor.grpo import distributed
     from conductor.lake import load_trajectories
 
     try:
         trajectories = load_trajectories(lake, run)
     except (OSError, ValueError) as e:
-        fail(f"lake {lake}: {e}")
+        _fail(f"lake {lake}: {e}")
     if not trajectories:
-        fail(f"lake {lake}: no rollout trajectories for run {run!r}")
+        _fail(f"lake {lake}: no rollout trajectories for run {run!r}")
     from conductor.grpo.trainer import TrainError, grpo_step
 
     try:
-        path, metrics = grpo_step(from_, trajectories, cfg, out=out)
+        path, metrics = grpo_step(from_, trajectories, cfg, out=out, checkpoint_id=checkpoint_id)
     except TrainError as e:
-        fail(str(e))
+        _fail(str(e))
+    finally:
+        distributed.shutdown()
+    if not distributed.world().is_main:
+        return
     if register:
-        _registry(register).register(path)
+        _registry(register).register(path, checkpoint_id=checkpoint_id)
     typer.echo(json.dumps({"checkpoint": path, "metrics": metrics}, indent=2, default=str))
 
 

@@ -2,7 +2,8 @@
 
 Paper setting: Qwen2.5-7B, 200 iterations x (4 questions x 64 rollouts), AdamW
 (0.9, 0.999), lr 1e-6 with cosine decay and 3% warm-up, clip 0.2, no KL, 1,024
-completion tokens, sampled at temperature 1.0, bf16 on 2 x H100. ``GRPOConfig.cpu()``
+completion tokens, sampled at temperature 1.0, bf16 on 2 x H100 (full fine-tuning: sharded with FSDP2,
+``distributed="fsdp"``, launched with ``torchrun``). ``GRPOConfig.cpu()``
 is the setting that makes a 135M conductor learn in minutes on two cores: the
 same objective with a larger learning rate and a short schedule (see docs/learning.md).
 """
@@ -13,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 LossAggregation = Literal["sequence-mean", "token-mean", "dapo", "dr-grpo"]
 
@@ -64,13 +65,29 @@ class GRPOConfig(BaseModel):
     lora_dropout: float = Field(0.0, ge=0, lt=1)
     lora_target_modules: str | list[str] = "all-linear"
     lora_merge_on_save: bool = True                    # save a plain HF checkpoint a generator can load
+    # fsdp: shard weights, gradients and AdamW state over the processes of a `torchrun` launch (FSDP2,
+    # conductor/grpo/distributed.py); in one process (WORLD_SIZE unset or 1) it is exactly "none".
+    distributed: Literal["none", "fsdp"] = "none"
     # bookkeeping
     seed: int = 0
     save_optimizer: bool = True                        # keep AdamW moments across steps (needed for lr 1e-6)
 
+    @field_validator("distributed")
+    @classmethod
+    def _sharding_is_for_full_fine_tuning(cls, v: str, info: ValidationInfo) -> str:
+        if v == "fsdp" and info.data.get("lora_r", 0) > 0:
+            raise ValueError("fsdp shards full fine-tuning; LoRA (lora_r > 0) trains on one GPU: "
+                             "set distributed: none or lora_r: 0")
+        return v
+
     @classmethod
     def paper(cls, **overrides: Any) -> "GRPOConfig":
-        """The paper's optimisation setting on GPU (bf16 mixed precision, gradient checkpointing)."""
+        """The paper's optimisation setting on GPU: full fine-tuning in bf16 mixed precision with gradient
+        checkpointing, sharded over the GPUs of a ``torchrun`` launch (FSDP2).
+
+        >>> GRPOConfig.paper().distributed, GRPOConfig.paper(lora_r=64, distributed="none").lora_r
+        ('fsdp', 64)
+        """
         return cls(**{**_PAPER, **overrides})
 
     @classmethod
@@ -88,7 +105,8 @@ class GRPOConfig(BaseModel):
             return cls.model_validate(data)
         except ValidationError as e:
             err = e.errors()[0]
-            raise GRPOConfigError(f"{source}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            raise GRPOConfigError(f"{source}: {'.'.join(map(str, err['loc']))}: {msg}") from None
 
     @classmethod
     def load(cls, path: str | Path) -> "GRPOConfig":
@@ -111,7 +129,7 @@ class GRPOConfig(BaseModel):
         return json.loads(self.model_dump_json())
 
 
-_PAPER = dict(micro_batch_size=8, gradient_checkpointing=True, dtype="bf16-mixed", device="cuda")
+_PAPER = dict(micro_batch_size=8, gradient_checkpointing=True, dtype="bf16-mixed", device="cuda", distributed="fsdp")
 _CPU = dict(learning_rate=1e-5, total_iterations=30, warmup_ratio=0.03, micro_batch_size=4,
             dtype="float32", device="cpu", max_completion_tokens=256, max_prompt_tokens=2048)
 _PRESETS: dict[str | None, dict[str, Any]] = {"paper": _PAPER, "cpu": _CPU}

@@ -14,6 +14,8 @@ templates; from peft the LoRA adapters. See docs/learning.md.
 ``PolicyTrainer`` keeps model and optimizer in memory across updates (the CPU
 benchmark trains many small steps in one process); ``grpo_step`` is the
 stateless form a flow task calls: checkpoint in, checkpoint + metrics out.
+With ``distributed: fsdp`` under ``torchrun`` both run sharded over the
+processes (FSDP2, ``conductor.grpo.distributed``) and give the same update.
 """
 
 from __future__ import annotations
@@ -126,8 +128,12 @@ def _autocast(cfg: GRPOConfig, device: str) -> Any:
     return torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16)
 
 
-def load_policy(spec: str, cfg: GRPOConfig) -> tuple[Any, Any]:
-    """(model, tokenizer) ready to train: dtype/device per config, LoRA wrapped when ``lora_r > 0``."""
+def load_policy(spec: str, cfg: GRPOConfig, *, for_sharding: bool = False) -> tuple[Any, Any]:
+    """(model, tokenizer) ready to train: dtype/device per config, LoRA wrapped when ``lora_r > 0``.
+
+    ``for_sharding``: left on the CPU (FSDP moves each shard to its GPU) and with non-reentrant gradient
+    checkpointing, the kind FSDP2 supports.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -150,9 +156,11 @@ def load_policy(spec: str, cfg: GRPOConfig) -> tuple[Any, Any]:
             pass
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model.to(device)
+    if not for_sharding:
+        model.to(device)
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        model.gradient_checkpointing_enable(**({"gradient_checkpointing_kwargs": {"use_reentrant": False}}
+                                               if for_sharding else {}))
         model.config.use_cache = False
     if cfg.lora_r > 0:
         from peft import LoraConfig, get_peft_model
@@ -293,6 +301,12 @@ def _shared_prompt_logits(model: Any, batch: dict[str, Any]) -> Any:
     return torch.cat([first, rest.logits], dim=1)
 
 
+def _model_calls(items: list[Encoded], share: bool) -> int:
+    """How many forward calls ``completion_logprobs`` makes for this micro-batch (the shared layout: two)."""
+    shared = share and len(items) > 1 and all(e.prompt_ids == items[0].prompt_ids for e in items)
+    return 2 if shared and max(len(e.completion_ids) for e in items) > 1 else 1
+
+
 def _chunks(items: list[Encoded], size: int, share: bool) -> list[list[Encoded]]:
     """Micro-batches of at most ``size``; with ``share``, each holds one prompt (one GRPO group's samples)."""
     if not share:
@@ -306,19 +320,48 @@ def _chunks(items: list[Encoded], size: int, share: bool) -> list[list[Encoded]]
 # ------------------------------------------------------------------ the trainer
 
 class PolicyTrainer:
-    """Model + optimiser kept in memory across GRPO updates."""
+    """Model + optimiser kept in memory across GRPO updates.
+
+    With ``distributed: fsdp`` under ``torchrun`` (WORLD_SIZE > 1) every rank builds one of these: the model
+    (and the KL reference, when ``kl_beta > 0``) is sharded with FSDP2, each rank trains on its share of the
+    micro-batches, and ``save`` gathers the full checkpoint that rank 0 writes. ``self.model`` is then an
+    FSDP module whose forwards are collective: sample from saved checkpoints (vLLM), not from it.
+    """
 
     def __init__(self, spec: str, config: GRPOConfig, *, system_prompt: str | None = None):
         import torch
 
+        from conductor.grpo import distributed
+
         self.spec = spec
         self.cfg = config
         self.system_prompt = system_prompt
+        self.world = distributed.world()
+        self.sharded = config.distributed == "fsdp" and self.world.size > 1
+        if self.world.size > 1 and not self.sharded:
+            raise TrainError(f"launched as {self.world.size} processes (WORLD_SIZE) but distributed is "
+                             f"{config.distributed!r}: set distributed: fsdp, or run one process")
+        if self.sharded:
+            self.device = distributed.init(_device_dtype(config)[0])
+            distributed.on_rank0(lambda: resolve_model(spec), TrainError)   # an s3:// parent downloads once
+        else:
+            self.device, _ = _device_dtype(config)
         self.parent_lineage = read_parent_lineage(spec)
-        self.model, self.tokenizer = load_policy(spec, config)
-        self.device, _ = _device_dtype(config)
+        self.model, self.tokenizer = load_policy(spec, config, for_sharding=self.sharded)
         self.global_step = int(self.parent_lineage.get("global_step", 0))
         self.iteration = int(self.parent_lineage.get("iteration", 0))
+        self.ref_model = None
+        if self.sharded:
+            import copy
+
+            mode = config.dtype if config.dtype != "auto" else (
+                "bf16-mixed" if self.device.startswith("cuda") else "float32")
+            if config.kl_beta > 0:      # the frozen reference is sharded the same way
+                self.ref_model = copy.deepcopy(self.model).eval()
+                for p in self.ref_model.parameters():
+                    p.requires_grad_(False)
+                distributed.shard_model(self.ref_model, mode, self.device)
+            distributed.shard_model(self.model, mode, self.device)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=lr_at(self.global_step, config),
                                            betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
@@ -327,8 +370,7 @@ class PolicyTrainer:
         self.history: list[dict[str, Any]] = []
         self.runs: list[str] = []
         self.pools: list[str] = []
-        self.ref_model = None
-        if config.kl_beta > 0 and config.lora_r == 0:
+        if config.kl_beta > 0 and config.lora_r == 0 and not self.sharded:
             import copy
 
             self.ref_model = copy.deepcopy(self.model).eval()
@@ -347,7 +389,14 @@ class PolicyTrainer:
         f = local / "optimizer.pt"
         if gguf is None and f.is_file():
             try:
-                self.optimizer.load_state_dict(torch.load(f, map_location=self.device, weights_only=True))
+                if not self.sharded:
+                    self.optimizer.load_state_dict(torch.load(f, map_location=self.device, weights_only=True))
+                    return
+                from conductor.grpo import distributed
+
+                # optimizer.pt has the single-process layout whatever wrote it; rank 0 reads it and broadcasts.
+                state = distributed.on_rank0(lambda: torch.load(f, map_location="cpu", weights_only=True), TrainError)
+                distributed.load_full_optimizer_state(self.model, self.optimizer, state)
             except (ValueError, RuntimeError, KeyError) as e:
                 raise TrainError(f"{f}: optimizer state does not match the model ({e})") from None
 
@@ -360,8 +409,53 @@ class PolicyTrainer:
             with self.model.disable_adapter():      # LoRA: the base model is the reference, for free
                 return completion_logprobs(self.model, batch, self.cfg.temperature)
 
+    def _my_chunks(self, chunks: list[list[Encoded]], share: bool) -> list[tuple[int, bool]]:
+        """(chunk index, real?) this rank runs; one process runs every chunk in order (see ``assign_micro_batches``)."""
+        from conductor.grpo.distributed import assign_micro_batches
+
+        if not self.sharded:
+            return [(i, True) for i in range(len(chunks))]
+        costs = [sum(len(e.prompt_ids) + len(e.completion_ids) for e in c) for c in chunks]
+        return assign_micro_batches(costs, [_model_calls(c, share) for c in chunks], self.world.rank, self.world.size)
+
+    def _check_same_batch(self, enc: list[Encoded]) -> None:
+        """Every rank must have built the very same samples (the shards are indices into this list)."""
+        from conductor.grpo import distributed
+
+        h = hashlib.sha256(json.dumps([(e.prompt_ids, e.completion_ids, e.advantage, e.behaviour) for e in enc])
+                           .encode()).hexdigest()
+        if len(set(distributed.all_gather(h))) > 1:
+            raise TrainError("ranks built different sample lists from the rollout batch (trajectory order "
+                             "or tokenizer differs between processes)")
+
+    def _recompute_behaviour(self, missing: list[Encoded], share: bool) -> None:
+        """Behaviour log-probs under the current weights for samples stored without them (ratio = 1 now)."""
+        import torch
+
+        cfg, pad = self.cfg, self.tokenizer.pad_token_id
+        chunks = _chunks(missing, cfg.micro_batch_size, share)
+        done: dict[int, list[float]] = {}
+        where = {id(e): i for i, e in enumerate(missing)}
+        self.model.eval()
+        with torch.no_grad():
+            for ci, real in self._my_chunks(chunks, share):
+                chunk = chunks[ci]
+                b = _batch(chunk, pad, self.device, share)
+                with _autocast(cfg, self.device):
+                    lp = completion_logprobs(self.model, b, cfg.temperature)
+                if real:
+                    for j, e in enumerate(chunk):
+                        done[where[id(e)]] = lp[j, : len(e.completion_ids)].tolist()
+        if self.sharded:
+            from conductor.grpo import distributed
+
+            for part in distributed.all_gather(done):
+                done.update(part)
+        for i, e in enumerate(missing):
+            e.behaviour = done[i]
+
     def step(self, trajectories: Iterable[Any]) -> dict[str, Any]:
-        """One GRPO iteration over a rollout batch; returns metrics."""
+        """One GRPO iteration over a rollout batch; returns metrics (the same on every rank when sharded)."""
         import torch
 
         from conductor.grpo.loss import aggregate, clipped_token_loss, loss_stats
@@ -381,19 +475,14 @@ class PolicyTrainer:
                 self.pools.append(t.pool_id)
         enc = [encode(self.tokenizer, s, cfg, self.system_prompt) for s in samples]
         enc = [e for e in enc if e.completion_ids]
+        if self.sharded:
+            self._check_same_batch(enc)
         pad = self.tokenizer.pad_token_id
         mb = cfg.micro_batch_size
         # Behaviour log-probs missing (backend gave none): recompute under the current weights, so ratio = 1 now.
         missing = [e for e in enc if e.behaviour is None and (e.advantage != 0 or cfg.kl_beta > 0)]
         share = cfg.share_prompt_forward and not cfg.gradient_checkpointing
-        self.model.eval()
-        with torch.no_grad():
-            for chunk in _chunks(missing, mb, share):
-                b = _batch(chunk, pad, self.device, share)
-                with _autocast(cfg, self.device):
-                    lp = completion_logprobs(self.model, b, cfg.temperature)
-                for j, e in enumerate(chunk):
-                    e.behaviour = lp[j, : len(e.completion_ids)].tolist()
+        self._recompute_behaviour(missing, share)
         self.model.train()
         rng = random.Random(cfg.seed * 1_000_003 + self.iteration)
         agg: dict[str, float] = {"loss": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "approx_kl": 0.0, "kl_ref": 0.0}
@@ -419,8 +508,11 @@ class PolicyTrainer:
                 for g in self.optimizer.param_groups:
                     g["lr"] = lr
                 self.optimizer.zero_grad(set_to_none=True)
-                step_loss = 0.0
-                for chunk in chunks:
+                # this rank's sums: loss, clip_fraction, ratio_mean, approx_kl, kl_ref (token-weighted), tokens,
+                # non-finite losses
+                part_sums = [0.0] * 7
+                for ci, real in self._my_chunks(chunks, share):
+                    chunk = chunks[ci]
                     b = _batch(chunk, pad, self.device, share)
                     with _autocast(cfg, self.device):
                         logp = completion_logprobs(self.model, b, cfg.temperature)
@@ -434,20 +526,35 @@ class PolicyTrainer:
                     tl = clipped_token_loss(logp, beh, adv, cfg.clip_eps_low, cfg.clip_eps_high, ref, cfg.kl_beta)
                     loss = aggregate(tl.loss, mask, cfg.loss_aggregation, n_seqs_total=n_seqs, n_tokens_total=n_tokens,
                                      n_micro=n_micro, max_len=cfg.max_completion_tokens)
+                    if not real:    # a padding micro-batch: same collective calls as the others, zero gradient
+                        (loss * 0.0).backward()
+                        continue
                     if not torch.isfinite(loss):
-                        raise TrainError(f"non-finite loss at global step {self.global_step} (check lr and dtype)")
+                        if not self.sharded:
+                            raise TrainError(f"non-finite loss at global step {self.global_step} (check lr and dtype)")
+                        part_sums[6] += 1        # raised on every rank below, before the optimizer step
                     loss.backward()
-                    step_loss += float(loss.detach())
+                    part_sums[0] += float(loss.detach())
                     st = loss_stats(tl, mask, logp.detach(), beh)
                     ntok = int(mask.sum())
-                    n_tok_seen += ntok
-                    for key in ("clip_fraction", "ratio_mean", "approx_kl"):
-                        agg[key] += st[key] * ntok
-                    agg["kl_ref"] += (st["kl_ref"] or 0.0) * ntok
+                    part_sums[5] += ntok
+                    for j, key in enumerate(("clip_fraction", "ratio_mean", "approx_kl"), start=1):
+                        part_sums[j] += st[key] * ntok
+                    part_sums[4] += (st["kl_ref"] or 0.0) * ntok
+                if self.sharded:
+                    from conductor.grpo.distributed import sum_over_ranks
+
+                    part_sums = sum_over_ranks(part_sums)
+                    if part_sums[6]:
+                        raise TrainError(f"non-finite loss at global step {self.global_step} (check lr and dtype)")
+                step_loss = part_sums[0]
+                n_tok_seen += int(part_sums[5])
+                for j, key in enumerate(("clip_fraction", "ratio_mean", "approx_kl", "kl_ref"), start=1):
+                    agg[key] += part_sums[j]
                 params = [p for p in self.model.parameters() if p.requires_grad]
                 max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")
-                gn = torch.nn.utils.clip_grad_norm_(params, max_norm)
-                grad_norms.append(float(gn))
+                gn = torch.nn.utils.clip_grad_norm_(params, max_norm)    # DTensor grads: the global norm
+                grad_norms.append(float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn))
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 self.global_step += 1
@@ -497,29 +604,59 @@ class PolicyTrainer:
             "pool_id": self.pools[0] if len(self.pools) == 1 else list(self.pools),
             "iteration": self.iteration, "global_step": self.global_step,
             "hyperparameters": self.cfg.to_json(),
+            "distributed": "fsdp" if self.sharded else "none", "world_size": self.world.size if self.sharded else 1,
             "metrics": metrics if metrics is not None else (self.history[-1] if self.history else {}),
             "history": self.history,
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl_v},
         }
 
+    def _check_free(self, out: str, overwrite: bool) -> None:
+        if overwrite:
+            return
+        if _is_remote(out):
+            import fsspec
+
+            fs, rpath = fsspec.core.url_to_fs(out)
+            if fs.exists(f"{rpath.rstrip('/')}/lineage.json"):
+                raise TrainError(f"{out}: a checkpoint already exists there")
+        elif Path(out.removeprefix("file://")).exists():
+            raise TrainError(f"{Path(out.removeprefix('file://'))}: a checkpoint already exists there")
+
     def save(self, out: str, checkpoint_id: str | None = None, overwrite: bool = False) -> str:
-        """Write a HF checkpoint + tokenizer + lineage.json (+ optimizer.pt) to a local dir or fsspec URL, atomically."""
+        """Write a HF checkpoint + tokenizer + lineage.json (+ optimizer.pt) to a local dir or fsspec URL, atomically.
+
+        Sharded: every rank calls this; the full weights and optimizer state are gathered to rank 0's CPU,
+        rank 0 writes (the same files, ``optimizer.pt`` included, a single process writes) and the others wait
+        for its outcome (a failure on rank 0 raises on every rank).
+        """
+        cid = checkpoint_id or out.rstrip("/").rsplit("/", 1)[-1]
+        if not self.sharded:
+            self._write(out, cid, overwrite, None, None)
+            return out
+        from conductor.grpo import distributed
+
+        distributed.on_rank0(lambda: self._check_free(out, overwrite), TrainError)   # before the costly gather
+        weights = distributed.full_model_state(self.model)
+        optim = distributed.full_optimizer_state(self.model, self.optimizer) if self.cfg.save_optimizer else None
+        distributed.on_rank0(lambda: self._write(out, cid, overwrite, weights, optim), TrainError)
+        return out
+
+    def _write(self, out: str, cid: str, overwrite: bool, weights: dict[str, Any] | None,
+               optim: dict[str, Any] | None) -> None:
+        """Stage the files, then rename into place (local) or upload with lineage.json last (remote).
+        ``weights``/``optim``: gathered full state dicts (sharded training) or None (this process's own)."""
         import torch
 
-        cid = checkpoint_id or out.rstrip("/").rsplit("/", 1)[-1]
+        self._check_free(out, overwrite)
         remote = _is_remote(out)
         if remote:
             import fsspec
 
             fs, rpath = fsspec.core.url_to_fs(out)
-            if fs.exists(f"{rpath.rstrip('/')}/lineage.json") and not overwrite:
-                raise TrainError(f"{out}: a checkpoint already exists there")
             stage = Path(tempfile.mkdtemp(prefix=".ckpt-"))
         else:
             dest = Path(out.removeprefix("file://"))
-            if dest.exists() and not overwrite:
-                raise TrainError(f"{dest}: a checkpoint already exists there")
             _ensure(dest.parent)
             stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
         try:
@@ -528,10 +665,13 @@ class PolicyTrainer:
                 import copy
 
                 model = copy.deepcopy(self.model).merge_and_unload()
-            model.save_pretrained(stage)
+            if weights is not None:
+                model.save_pretrained(stage, state_dict=weights)
+            else:
+                model.save_pretrained(stage)
             self.tokenizer.save_pretrained(stage)
             if self.cfg.save_optimizer and self.cfg.lora_r == 0:
-                torch.save(self.optimizer.state_dict(), stage / "optimizer.pt")
+                torch.save(optim if optim is not None else self.optimizer.state_dict(), stage / "optimizer.pt")
             (stage / "lineage.json").write_text(json.dumps(self.lineage(cid), indent=1, default=str))
             if remote:
                 lineage = stage / "lineage.json"
@@ -547,7 +687,6 @@ class PolicyTrainer:
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
             raise
-        return out
 
 
 def grpo_step(model_dir_or_spec: str, trajectories: Iterable[Any], config: GRPOConfig | None = None, *,
@@ -557,6 +696,8 @@ def grpo_step(model_dir_or_spec: str, trajectories: Iterable[Any], config: GRPOC
 
     ``out`` defaults to a sibling directory ``<parent>-it<N>`` (for a .gguf
     parent: ``$CONDUCTOR_HOME/checkpoints/<name>-it<N>``). Returns (checkpoint path/URL, metrics).
+    Under ``torchrun`` with ``distributed: fsdp`` every rank calls it with the same arguments; all return the
+    same result and rank 0 writes the checkpoint.
     """
     cfg = config or GRPOConfig()
     trainer = PolicyTrainer(model_dir_or_spec, cfg, system_prompt=system_prompt)
