@@ -18,10 +18,17 @@ This benchmarks *routing* learning, which is what the simulated pool can check; 
 small model to write subtasks. The prefix is part of the stored completion (text and token ids), so the
 rows show exactly what was parsed, and the trainer trains on it like any other completion token
 (behaviour log-probs are recomputed on-policy by the trainer; with one update per batch the ratio is
-exactly 1). ``--prefill ''`` runs the unassisted format, ``--prefill 'model_id = ['`` the weaker prefix.
+exactly 1). ``--prefill '' --no-constrain --max-tokens 64`` runs the unassisted format.
 
-    python bench/learning.py [--iterations 7] [--questions-per-iteration 4] [--group-size 6]
-                             [--eval-questions 16] [--lr 2e-5] [--seed 0] [--out docs/figures] [--quick]
+Constrained routing (``--constrain``, default): after the prefix a logits processor lets the model write only
+one worker index, ``]`` and end of turn, like the product's grammar-constrained decoding of the embedded
+conductor. Without it (measured) the first updates mostly teach the list syntax, and because the few
+well-formed samples carry the model's prior choice, that format signal pushed one worker up in BOTH domains
+until the policy collapsed onto it (lr 3e-5: every sample chose sim-scholar by iteration 6, gradient 0).
+
+    python bench/learning.py [--iterations 30] [--questions-per-iteration 4] [--group-size 8]
+                             [--eval-questions 32] [--lr 3e-5] [--lr-schedule constant] [--seed 0]
+                             [--threads 2] [--out docs/figures] [--quick]
 
 Last line: ``untrained_reward=<a> trained_reward=<b> best_single_worker_reward=<c> untrained_accuracy=<d>
 trained_accuracy=<e> best_single_worker_accuracy=<f>`` (held-out questions).
@@ -52,22 +59,22 @@ ROUTING_PREFILL = 'subtasks = ["Answer the user question in the format it asks f
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--iterations", type=int, default=7)
+    ap.add_argument("--iterations", type=int, default=30)
     ap.add_argument("--questions-per-iteration", type=int, default=4, help="half math, half MCQ")
-    ap.add_argument("--group-size", type=int, default=6, help="GRPO group size G (samples per question)")
-    ap.add_argument("--eval-questions", type=int, default=16, help="held-out questions, half math half MCQ")
+    ap.add_argument("--group-size", type=int, default=8, help="GRPO group size G (samples per question)")
+    ap.add_argument("--eval-questions", type=int, default=32, help="held-out questions, half math half MCQ")
     ap.add_argument("--eval-samples", type=int, default=2, help="samples per held-out question")
-    ap.add_argument("--lr", type=float, default=2e-5)
-    ap.add_argument("--lr-schedule", default="cosine", choices=["cosine", "constant"])
+    ap.add_argument("--lr", type=float, default=3e-5)
+    ap.add_argument("--lr-schedule", default="constant", choices=["cosine", "constant"])
     ap.add_argument("--min-lr-ratio", type=float, default=0.0, help="cosine floor as a fraction of --lr")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (training and eval)")
-    ap.add_argument("--max-tokens", type=int, default=16, help="conductor completion limit")
+    ap.add_argument("--max-tokens", type=int, default=3, help="conductor completion limit after the prefill")
     ap.add_argument("--fewshot", default="none", choices=["none", "ood", "in_domain", "mixed"])
     ap.add_argument("--prefill", default=ROUTING_PREFILL, help="assistant-turn prefix ('' for none)")
-    ap.add_argument("--constrain", action="store_true",
+    ap.add_argument("--constrain", action=argparse.BooleanOptionalAction, default=True,
                     help="constrained decoding after the prefill: one worker index, ']', end (see RoutingConstraint)")
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest on a busy 2-core box)")
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (use 1 on a busy 2-core box)")
     ap.add_argument("--batch-size", type=int, default=8, help="generation batch size")
     ap.add_argument("--micro-batch", type=int, default=0, help="trainer micro-batch (0 = the group size: one prompt pass per group)")
     ap.add_argument("--out", default="docs/figures", help="directory for learning.png and learning.json")
@@ -288,7 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     constraint = None
     if a.constrain:
         if not a.prefill:
-            raise SystemExit("learning bench: --constrain needs a --prefill that ends at the worker index")
+            raise SystemExit("learning bench: --constrain needs a --prefill that ends at the worker index (or pass --no-constrain)")
         constraint = RoutingConstraint(trainer.tokenizer, len(names), trainer.tokenizer.convert_tokens_to_ids("<|im_end|>"))
     policy = PrefilledBackend(inner, a.prefill, constraint)
     n_prefill = len(trainer.tokenizer(a.prefill, add_special_tokens=False)["input_ids"])
