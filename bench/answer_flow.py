@@ -54,12 +54,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--conductor", default="auto")
     ap.add_argument("--max-steps", type=int, default=3)
     ap.add_argument("--shard-size", type=int, default=2)
-    ap.add_argument("--keep", default=None, help="keep the run directories here (default: a temp dir, removed)")
+    ap.add_argument("--keep", default=None, help="keep the run directories in this new directory (default: a temp dir, removed)")
     a = ap.parse_args(argv)
 
     work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="conductor-answer-bench-"))
-    if a.keep and work.exists():
-        shutil.rmtree(work)
+    if a.keep and work.exists() and any(work.iterdir()):   # never delete a directory we did not create
+        raise SystemExit(f"answer_flow: --keep {work}: directory exists and is not empty; pick a new one")
     work.mkdir(parents=True, exist_ok=True)
     extra = ["--conductor", a.conductor, "--max-steps", str(a.max_steps), "--shard-size", str(a.shard_size)]
     if a.pool:
