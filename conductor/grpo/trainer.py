@@ -106,12 +106,21 @@ def read_parent_lineage(spec: str) -> dict[str, Any]:
     return {}
 
 
+def _dtype_mode(cfg: GRPOConfig, device: str) -> str:
+    """``cfg.dtype`` with ``auto`` resolved: bf16-mixed on GPU, float32 elsewhere.
+
+    >>> _dtype_mode(GRPOConfig(), "cuda:0"), _dtype_mode(GRPOConfig(), "cpu"), _dtype_mode(GRPOConfig(dtype="float16"), "cpu")
+    ('bf16-mixed', 'float32', 'float16')
+    """
+    return cfg.dtype if cfg.dtype != "auto" else ("bf16-mixed" if device.startswith("cuda") else "float32")
+
+
 def _device_dtype(cfg: GRPOConfig) -> tuple[str, Any]:
     """(device, weight dtype); bf16-mixed keeps fp32 weights and autocasts the forward (see ``_autocast``)."""
     import torch
 
     device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    mode = cfg.dtype if cfg.dtype != "auto" else ("bf16-mixed" if device.startswith("cuda") else "float32")
+    mode = _dtype_mode(cfg, device)
     dtype = torch.float32 if mode in ("float32", "bf16-mixed") else getattr(torch, mode)
     return device, dtype
 
@@ -122,8 +131,7 @@ def _autocast(cfg: GRPOConfig, device: str) -> Any:
 
     import torch
 
-    mode = cfg.dtype if cfg.dtype != "auto" else ("bf16-mixed" if device.startswith("cuda") else "float32")
-    if mode != "bf16-mixed":
+    if _dtype_mode(cfg, device) != "bf16-mixed":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16)
 
@@ -354,8 +362,7 @@ class PolicyTrainer:
         if self.sharded:
             import copy
 
-            mode = config.dtype if config.dtype != "auto" else (
-                "bf16-mixed" if self.device.startswith("cuda") else "float32")
+            mode = _dtype_mode(config, self.device)
             if config.kl_beta > 0:      # the frozen reference is sharded the same way
                 self.ref_model = copy.deepcopy(self.model).eval()
                 for p in self.ref_model.parameters():
