@@ -4,7 +4,7 @@ Both are run on the same held-out questions with the same pool and seeds, with
 repeated samples. This module turns those rows into mean +/- standard error
 per domain (as the paper reports), calls and dollars per question, and two
 paired tests on the same questions: a paired bootstrap over questions (any
-metric) and McNemar's exact test (binary correctness). ``compare`` returns an
+metric) and McNemar's exact test (binary correctness, one pair per question). ``compare`` returns an
 ``EvalReport`` that the registry's promotion policy reads.
 
 Rows may be ``Trajectory`` objects, lake rows (dicts) or ``EvalRow``s.
@@ -114,6 +114,22 @@ def mean_se(rows: list[EvalRow], metric: Metric) -> tuple[float, float]:
     return sum(values) / len(values), (_sd(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0)
 
 
+def question_mean_se(rows: list[EvalRow], metric: Metric) -> tuple[float, float]:
+    """Mean over questions of each question's mean score over its repeats, and its standard error over
+    QUESTIONS (sd with Bessel's correction / sqrt(n)): the uncertainty of a held-out set that is a sample of
+    questions. ``mean_se`` with repeats measures only the spread between repeats, which is ~0 for a
+    near-deterministic policy over temperature-0 workers.
+
+    >>> rows = [EvalRow("a", "m", s, True, 1.0) for s in range(2)] + [EvalRow("b", "m", s, s == 0, 1.0) for s in range(2)]
+    >>> m, se = question_mean_se(rows, "correct"); m, round(se, 3)
+    (0.75, 0.25)
+    """
+    vals = list(question_scores(rows, metric).values())
+    if not vals:
+        return float("nan"), float("nan")
+    return sum(vals) / len(vals), (_sd(vals) / math.sqrt(len(vals)) if len(vals) > 1 else 0.0)
+
+
 def _sd(xs: list[float]) -> float:
     if len(xs) < 2:
         return 0.0
@@ -193,9 +209,9 @@ def paired_bootstrap(candidate: dict[str, float], champion: dict[str, float], n_
 
 @dataclass(frozen=True)
 class McNemarResult:
-    n_pairs: int
-    b: int                 # candidate right, champion wrong
-    c: int                 # candidate wrong, champion right
+    n_pairs: int           # questions scored on both sides
+    b: int                 # questions where the candidate does better (one sample: right vs wrong)
+    c: int                 # questions where the champion does better
     p_value: float         # exact, one-sided: candidate better
     p_two_sided: float
 
@@ -222,16 +238,29 @@ def mcnemar_exact(b: int, c: int) -> tuple[float, float]:
 
 
 def mcnemar(candidate: list[EvalRow], champion: list[EvalRow]) -> McNemarResult:
-    """Pairs are (question, sample index) scored on both sides."""
-    champ = {(r.question_id, r.sample_index): r.correct for r in champion if r.correct is not None}
+    """One pair per QUESTION scored on both sides (repeats of a question are not independent pairs).
+
+    Per question each side's score is its mean correctness over its scored repeats; b counts questions where
+    the candidate's mean is higher, c where it is lower, ties are dropped. With one sample per question this
+    is exactly McNemar's test; with repeats it is the exact sign test on per-question differences, its
+    usual generalisation. Pairing on (question, sample index) instead would count each repeat as an
+    independent pair and make p too small.
+
+    >>> cand = [EvalRow("q1", "m", s, True, 1.0) for s in range(3)] + [EvalRow("q2", "m", 0, False, 0.5)]
+    >>> champ = [EvalRow("q1", "m", s, False, 0.5) for s in range(3)] + [EvalRow("q2", "m", 0, False, 0.5)]
+    >>> r = mcnemar(cand, champ); (r.n_pairs, r.b, r.c, r.p_value)
+    (2, 1, 0, 0.5)
+    """
+    cand_q = question_scores(candidate, "correct")
+    champ_q = question_scores(champion, "correct")
     b = c = n = 0
-    for r in candidate:
-        other = champ.get((r.question_id, r.sample_index))
-        if r.correct is None or other is None:
+    for q, score in cand_q.items():
+        other = champ_q.get(q)
+        if other is None:
             continue
         n += 1
-        b += int(r.correct and not other)
-        c += int(other and not r.correct)
+        b += int(score > other + 1e-12)
+        c += int(other > score + 1e-12)
     one, two = mcnemar_exact(b, c)
     return McNemarResult(n, b, c, one, two)
 

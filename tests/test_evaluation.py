@@ -8,7 +8,8 @@ import random
 import pytest
 
 from conductor.evaluation import (
-    EvalReport, EvalRow, compare, mcnemar_exact, mean_se, paired_bootstrap, summarize, to_rows,
+    EvalReport, EvalRow, compare, mcnemar, mcnemar_exact, mean_se, paired_bootstrap, question_mean_se, summarize,
+    to_rows,
 )
 from conductor.trajectory import CallRecord, Trajectory
 
@@ -56,6 +57,49 @@ def test_mcnemar_exact_matches_scipy_binomtest():
 def test_mcnemar_hand_computed():
     # b=3, c=0: P(X >= 3 | n=3) = 1/8
     assert mcnemar_exact(3, 0) == (0.125, 0.25)
+
+
+def test_mcnemar_pairs_once_per_question_not_per_repeat():
+    # 3 questions x 10 repeats: the candidate is right on q0 and q1 every time, the champion never; q2 ties.
+    # Per (question, sample) pairing would see b=20, c=0 (p ~ 1e-6); there are only 2 informative questions.
+    cand = [EvalRow(f"q{q}", "m", s, q < 2 or s % 2 == 0, 1.0) for q in range(3) for s in range(10)]
+    champ = [EvalRow(f"q{q}", "m", s, q == 2 and s % 2 == 0, 1.0) for q in range(3) for s in range(10)]
+    r = mcnemar(cand, champ)
+    assert (r.n_pairs, r.b, r.c) == (3, 2, 0)
+    assert r.p_value == 0.25 and r.p_two_sided == 0.5
+    # the report carries the same per-question test
+    rep = compare(cand, champ, n_boot=500, seed=0)
+    assert rep.mcnemar == r and rep.p_value("mcnemar") == 0.25
+
+
+def test_mcnemar_per_question_means_and_single_sample_equivalence():
+    stats = pytest.importorskip("scipy.stats")
+    # per-question mean correctness decides the direction: 0.6 vs 0.4 counts for the candidate
+    cand = [EvalRow("a", "m", s, s < 3, 1.0) for s in range(5)] + [EvalRow("b", "m", s, False, 0.5) for s in range(5)]
+    champ = [EvalRow("a", "m", s, s < 2, 1.0) for s in range(5)] + [EvalRow("b", "m", s, s == 0, 1.0) for s in range(5)]
+    r = mcnemar(cand, champ)
+    assert (r.b, r.c) == (1, 1)
+    # one sample per question: exactly the classical McNemar on the discordant pairs
+    rng = random.Random(3)
+    c1 = [EvalRow(f"q{i}", "m", 0, rng.random() < 0.7, 1.0) for i in range(60)]
+    c0 = [EvalRow(f"q{i}", "m", 0, rng.random() < 0.5, 1.0) for i in range(60)]
+    r1 = mcnemar(c1, c0)
+    b = sum(x.correct and not y.correct for x, y in zip(c1, c0))
+    c = sum(y.correct and not x.correct for x, y in zip(c1, c0))
+    assert (r1.b, r1.c, r1.n_pairs) == (b, c, 60)
+    assert r1.p_value == pytest.approx(stats.binomtest(b, b + c, 0.5, alternative="greater").pvalue, rel=1e-9)
+    # infra-failed repeats are ignored; a question with no scored repeat on one side is not a pair
+    c1.append(EvalRow("only-cand", "m", 0, True, 1.0))
+    c0.append(EvalRow("only-cand", "m", 0, None, None))
+    assert mcnemar(c1, c0).n_pairs == 60
+
+
+def test_question_level_standard_error():
+    rows = [EvalRow(f"q{i}", "m", s, bool(c), 1.0) for i, c in enumerate([1, 1, 0, 0]) for s in range(3)]
+    m, se = question_mean_se(rows, "correct")
+    # per-repeat means are all 0.5 (repeat s.e. 0); over questions: sd([1,1,0,0]) / 2
+    assert m == 0.5 and mean_se(rows, "correct")[1] == 0.0
+    assert se == pytest.approx(math.sqrt(1 / 3) / 2)
 
 
 def test_paired_bootstrap_detects_a_real_gain_and_not_noise():
