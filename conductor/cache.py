@@ -79,6 +79,8 @@ def cache_key(worker: "Worker", messages: list[Message], sample_index: int = 0) 
         "sampling": worker.sampling.model_dump(mode="json"), "options": options,
         "messages": [[m.role, m.content] for m in messages], "sample": sample_index,
     }
+    if worker.sandbox is not None:   # a code-running worker's limits change what it prints
+        body["sandbox"] = worker.sandbox.model_dump(mode="json")
     raw = json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
     return hashlib.sha256(raw.encode()).hexdigest()
 

@@ -20,7 +20,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-ProviderName = Literal["openai", "anthropic", "google", "openai_compatible", "local", "conductor", "simulated"]
+ProviderName = Literal["openai", "anthropic", "google", "openai_compatible", "local", "conductor", "simulated",
+                       "python", "vote"]
 
 
 class PoolError(ValueError):
@@ -66,6 +67,16 @@ class Limits(_Strict):
     max_retries: int = Field(6, ge=0)
 
 
+class SandboxSpec(_Strict):
+    """Resource limits of a code-running worker (``provider: python``); each run gets a fresh sandbox."""
+
+    wall_s: float = Field(10.0, gt=0)           # wall clock per run; must stay below limits.timeout_s
+    cpu_s: int | None = Field(None, gt=0)       # CPU seconds (default: wall_s + 2)
+    memory_mb: int = Field(512, ge=32)          # address space
+    output_chars: int = Field(2000, ge=100)     # printed output kept in the reply
+    site_packages: bool = False                 # let the code import installed packages (numpy, sympy, ...)
+
+
 class Worker(_Strict):
     name: str = Field(min_length=1)
     provider: ProviderName
@@ -77,6 +88,7 @@ class Worker(_Strict):
     limits: Limits = Limits()
     notes: str = ""
     options: dict[str, Any] = Field(default_factory=dict)   # provider-specific (e.g. simulated skills)
+    sandbox: SandboxSpec | None = None                      # provider python only
 
     @field_validator("api_key_env")
     @classmethod
@@ -89,6 +101,11 @@ class Worker(_Strict):
     def _endpoint_where_needed(self) -> "Worker":
         if self.provider == "openai_compatible" and not self.base_url:
             raise ValueError("openai_compatible workers need base_url")
+        if self.sandbox is not None and self.provider != "python":
+            raise ValueError(f"sandbox limits apply to provider python only, not {self.provider}")
+        if self.sandbox is not None and self.sandbox.wall_s >= self.limits.timeout_s:
+            raise ValueError(f"sandbox.wall_s ({self.sandbox.wall_s:g}) must be below limits.timeout_s "
+                             f"({self.limits.timeout_s:g}): a slow program is an answer, not a timed-out call")
         return self
 
     @property
@@ -119,7 +136,7 @@ class Pool(_Strict):
     @property
     def fingerprint(self) -> str:
         """Content hash of everything that changes behaviour (not notes): detects a changed pool."""
-        body = [w.model_dump(exclude={"notes"}) for w in self.workers]
+        body = [w.model_dump(exclude={"notes"} if w.sandbox else {"notes", "sandbox"}) for w in self.workers]
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
     def worker(self, name: str) -> Worker:

@@ -77,7 +77,8 @@ def make_provider(worker: "Worker") -> Provider:
     import importlib
 
     if worker.provider not in _REGISTRY:
-        module = {"openai_compatible": "openai", "local": "openai"}.get(worker.provider, worker.provider)
+        aliases = {"openai_compatible": "openai", "local": "openai", "python": "python_tool"}
+        module = aliases.get(worker.provider, worker.provider)
         try:
             importlib.import_module(f"conductor.providers.{module}")
         except ModuleNotFoundError as e:
