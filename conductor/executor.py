@@ -123,7 +123,7 @@ class Executor:
             return
         if self._loop is not None:   # a previous asyncio.run: its clients and semaphores are dead
             self._providers.clear()
-            self.limiter = RateLimiter(self._limiter_template.burst_s, self._limiter_template.prefect)
+            self.limiter = self._limiter_template.fresh()
         self._loop = loop
 
     def provider(self, worker: "Worker") -> Provider:
@@ -200,14 +200,15 @@ class Executor:
             left = state.remaining_s()
             if left is not None and left <= 0:
                 raise ProviderError("budget", f"{who}: question budget of {state.budget.max_seconds:g} s used up")
-            async with limiter.slot(worker, tokens) as permit:
+            budget = timeout if left is None else min(timeout, left)
+            async with limiter.slot(worker, tokens, budget) as permit:   # Retry-After pauses count against it
                 try:
                     c = await with_timeout(provider.complete(messages, sample_index=sample_index),
-                                           timeout if left is None else min(timeout, left), who)
+                                           budget - permit.paused_s, who)
                 except ProviderError as e:
                     permit.settle(0)
                     if e.kind == "rate_limited":
-                        key_limiter.penalize(e.retry_after)
+                        await key_limiter.penalize(e.retry_after)
                     raise
                 permit.settle(c.input_tokens + c.output_tokens)
                 return c

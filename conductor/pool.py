@@ -29,7 +29,8 @@ class PoolError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: `timeout_s: .inf` or `requests_per_minute: .nan` is a typo, never a setting
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Sampling(_Strict):

@@ -8,26 +8,36 @@ busy machine cannot release a catch-up burst above the bucket's capacity, and
 with no polling the achieved rate sits right at the limit. Token use is
 reserved as (input estimate + max_tokens), like providers count it, and the
 unused part is refunded when the reply arrives.
-A 429's Retry-After pauses the whole key, not just the caller that saw it.
+
+A 429's Retry-After pauses the whole key, not just the caller that saw it; the
+pause is capped (``max_pause_s``: one ``Retry-After: 3600`` must not freeze a
+worker for an hour), logged, and counted against the waiting call's timeout.
 
 The request bucket bursts at most ``burst_s`` seconds of requests (providers
 enforce per-minute limits over shorter windows); the token bucket holds one
-minute of tokens, so a single large call is possible. For several processes,
-``PrefectSlots`` adds a Prefect global concurrency limit as a shared coarse cap.
+minute of tokens, so a single large call is possible. Processes that share a
+quota pass a ``SharedLimits`` store (``conductor.shared_limits``: SQLite for one
+machine, Prefect global concurrency limits for many): the buckets, pauses and
+concurrency slots then live in that store instead of in this process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Protocol
 
 from conductor.providers.base import ProviderError
 
 if TYPE_CHECKING:
     from conductor.pool import Limits, Worker
+
+log = logging.getLogger("conductor.ratelimit")
+
+DEFAULT_MAX_PAUSE_S = 60.0
 
 
 class Bucket:
@@ -73,25 +83,83 @@ class Bucket:
         self.level = min(self.level, 0.0)
 
 
+def bucket_shapes(limits: "Limits", burst_s: float) -> dict[str, tuple[float, float]]:
+    """(rate per second, capacity) of the request and token buckets a worker's limits imply.
+
+    >>> from conductor.pool import Limits
+    >>> bucket_shapes(Limits(requests_per_minute=1500, tokens_per_minute=60000), 1.0)
+    {'rpm': (25.0, 25.0), 'tpm': (1000.0, 60000.0)}
+    """
+    out = {}
+    rpm, tpm = limits.requests_per_minute, limits.tokens_per_minute
+    if rpm:
+        out["rpm"] = (rpm / 60.0, max(1.0, rpm / 60.0 * burst_s))
+    if tpm:
+        out["tpm"] = (tpm / 60.0, float(tpm))
+    return out
+
+
+class SharedKey(Protocol):
+    """One limit key's buckets, pause and concurrency slots in a store shared by several processes."""
+
+    async def acquire(self, tokens: int, pause_budget_s: float | None) -> tuple[Any, float]:
+        """Wait until a slot, one request and ``tokens`` fit, take them; return (lease, seconds paused).
+
+        A shared Retry-After pause longer than ``pause_budget_s`` (what is left of the call's
+        timeout) raises a ``rate_limited`` ProviderError at once instead of being waited out."""
+
+    async def release(self, lease: Any, unused_tokens: int) -> None:
+        """Free the slot; give back reserved tokens the call did not use (negative: charge an overrun)."""
+
+    async def pause(self, seconds: float) -> None:
+        """Pause the key for every process (a provider's Retry-After) and spend its request burst."""
+
+
+class SharedLimits(Protocol):
+    """A store of limits shared by processes (see ``conductor.shared_limits``)."""
+
+    spec: str
+
+    def key(self, name: str, limits: "Limits", burst_s: float) -> SharedKey: ...
+
+
 @dataclass
 class Permit:
     limiter: "KeyLimiter"
     reserved_tokens: int
+    lease: Any = None
+    paused_s: float = 0.0      # spent waiting out Retry-After pauses: counts against the call's timeout
+    unused_tokens: int = 0
 
     def settle(self, used_tokens: int | None) -> None:
         """Refund reserved-but-unused tokens (or charge the overrun) once usage is known."""
-        if self.limiter.tpm is not None and used_tokens is not None:
+        if used_tokens is None:
+            return
+        if self.limiter.shared is not None:
+            self.unused_tokens = self.reserved_tokens - used_tokens     # returned with the lease
+        elif self.limiter.tpm is not None:
             self.limiter.tpm.refund(self.reserved_tokens - used_tokens)
 
 
-class KeyLimiter:
-    """All limits for one limit key, shared by every caller in this process."""
+def check_pause(name: str, left: float, budget_s: float | None) -> None:
+    """Raise ``rate_limited`` when a pause of ``left`` seconds outlasts what is left of the call's timeout."""
+    if budget_s is not None and left > budget_s:
+        raise ProviderError("rate_limited", f"{name}: paused by the provider's Retry-After for {left:.1f} s more, "
+                            f"beyond the {max(0.0, budget_s):.1f} s left of the call timeout", retry_after=left)
 
-    def __init__(self, name: str, limits: "Limits", burst_s: float = 1.0):
+
+class KeyLimiter:
+    """All limits for one limit key, shared by every caller in this process (and beyond, with ``shared``)."""
+
+    def __init__(self, name: str, limits: "Limits", burst_s: float = 1.0, *,
+                 shared: SharedKey | None = None, max_pause_s: float = DEFAULT_MAX_PAUSE_S):
         self.name = name
-        rpm, tpm = limits.requests_per_minute, limits.tokens_per_minute
-        self.rpm = Bucket(rpm / 60.0, max(1.0, rpm / 60.0 * burst_s)) if rpm else None
-        self.tpm = Bucket(tpm / 60.0, tpm) if tpm else None
+        shapes = bucket_shapes(limits, burst_s)
+        self.rpm = Bucket(*shapes["rpm"]) if "rpm" in shapes else None
+        self.tpm = Bucket(*shapes["tpm"]) if "tpm" in shapes else None
+        self.tpm_capacity = limits.tokens_per_minute
+        self.shared = shared
+        self.max_pause_s = max_pause_s
         self.sem = asyncio.Semaphore(limits.max_concurrency)
         self.gate = asyncio.Lock()
         self.max_concurrency = limits.max_concurrency
@@ -99,37 +167,79 @@ class KeyLimiter:
         self.in_flight = 0
         self.peak_in_flight = 0
         self.waited_s = 0.0
+        self.pauses = 0
+        self.paused_s = 0.0
 
     def check_fits(self, tokens: int) -> None:
-        if self.tpm is not None and tokens > self.tpm.capacity:
+        if self.tpm_capacity is not None and tokens > self.tpm_capacity:
             raise ProviderError("permanent", f"{self.name}: one call may need {tokens} tokens but "
-                                f"tokens_per_minute is {self.tpm.capacity:g}; raise the limit or lower max_tokens")
+                                f"tokens_per_minute is {self.tpm_capacity:g}; raise the limit or lower max_tokens")
 
-    def penalize(self, retry_after: float | None) -> None:
-        """Honour a Retry-After for every caller of this key."""
-        if retry_after:
-            self.blocked_until = max(self.blocked_until, time.monotonic() + retry_after)
+    def pause_for(self, retry_after: float | None) -> float:
+        """Seconds this key pauses for a provider's Retry-After: capped at ``max_pause_s``, always logged."""
+        if not retry_after or retry_after <= 0:
+            return 0.0
+        seconds = min(retry_after, self.max_pause_s)
+        if retry_after > self.max_pause_s:
+            log.warning("%s: provider asked to retry after %g s; pausing the key for %g s (max_pause_s)",
+                        self.name, retry_after, seconds)
+        else:
+            log.info("%s: provider asked to retry after %g s; pausing the key", self.name, retry_after)
+        self.pauses += 1
+        self.paused_s += seconds
+        return seconds
+
+    async def penalize(self, retry_after: float | None) -> None:
+        """Honour a (capped) Retry-After for every caller of this key (every process, with a shared store)."""
+        seconds = self.pause_for(retry_after)
+        if self.shared is not None:
+            await self.shared.pause(seconds)
+            return
+        if seconds:
+            self.blocked_until = max(self.blocked_until, time.monotonic() + seconds)
         if self.rpm is not None:
             self.rpm.drain()
 
     @asynccontextmanager
-    async def slot(self, tokens: int = 0) -> AsyncIterator[Permit]:
-        """Hold a concurrency slot plus one request and ``tokens`` tokens taken from the buckets."""
+    async def slot(self, tokens: int = 0, timeout_s: float | None = None) -> AsyncIterator[Permit]:
+        """Hold a concurrency slot plus one request and ``tokens`` tokens taken from the buckets.
+
+        ``timeout_s``: the call's timeout. Time spent waiting out a Retry-After pause counts
+        against it (``Permit.paused_s``); a pause lasting beyond it fails the call at once as
+        ``rate_limited``. Queueing for the buckets does not count: that is the limit working.
+        """
         self.check_fits(tokens)
         async with self.sem:
             async with self.gate:            # FIFO: the head waiter alone watches the buckets
-                await self._admit(tokens)
+                lease, paused = await self._admit(tokens, timeout_s)
             self.in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+            permit = Permit(self, tokens, lease, paused)
             try:
-                yield Permit(self, tokens)
+                yield permit
             finally:
                 self.in_flight -= 1
+                if self.shared is not None:
+                    await asyncio.shield(self.shared.release(lease, permit.unused_tokens))
 
-    async def _admit(self, tokens: int) -> None:
+    async def _admit(self, tokens: int, timeout_s: float | None) -> tuple[Any, float]:
+        paused = 0.0
         while True:
             now = time.monotonic()
-            wait = self.blocked_until - now
+            left = self.blocked_until - now
+            if left > 0:
+                check_pause(self.name, left, None if timeout_s is None else timeout_s - paused)
+                self.waited_s += left
+                paused += left
+                await asyncio.sleep(left)
+                continue
+            if self.shared is not None:
+                t0 = time.monotonic()
+                lease, shared_paused = await self.shared.acquire(
+                    tokens, None if timeout_s is None else timeout_s - paused)
+                self.waited_s += time.monotonic() - t0
+                return lease, paused + shared_paused
+            wait = 0.0
             if self.rpm is not None:
                 wait = max(wait, self.rpm.wait_time(1, now))
             if self.tpm is not None and tokens:
@@ -139,88 +249,48 @@ class KeyLimiter:
                     self.rpm.take(1, now)
                 if self.tpm is not None and tokens:
                     self.tpm.take(tokens, now)
-                return
+                return None, paused
             self.waited_s += wait
             await asyncio.sleep(wait)
 
 
 class RateLimiter:
-    """The process-wide table of key limiters (one per ``Worker.limit_key``)."""
+    """The process-wide table of key limiters (one per ``Worker.limit_key``).
 
-    def __init__(self, burst_s: float = 1.0, prefect: "PrefectSlots | None" = None):
+    ``shared``: a store that several processes use for the same quotas (None: this
+    process alone). ``max_pause_s``: the longest a Retry-After pauses a key.
+    """
+
+    def __init__(self, burst_s: float = 1.0, shared: SharedLimits | None = None,
+                 max_pause_s: float = DEFAULT_MAX_PAUSE_S):
         self.burst_s = burst_s
-        self.prefect = prefect
+        self.shared = shared
+        self.max_pause_s = max_pause_s
         self._keys: dict[tuple[str, str, str], KeyLimiter] = {}
+
+    def fresh(self) -> "RateLimiter":
+        """The same configuration with new per-loop state (semaphores cannot cross event loops)."""
+        return RateLimiter(self.burst_s, self.shared, self.max_pause_s)
 
     def for_worker(self, worker: "Worker") -> KeyLimiter:
         key = worker.limit_key
         lim = self._keys.get(key)
         if lim is None:
-            lim = self._keys[key] = KeyLimiter("/".join(k for k in key if k), worker.limits, self.burst_s)
+            name = "/".join(k for k in key if k)
+            shared = self.shared.key(name, worker.limits, self.burst_s) if self.shared is not None else None
+            lim = self._keys[key] = KeyLimiter(name, worker.limits, self.burst_s, shared=shared,
+                                               max_pause_s=self.max_pause_s)
         return lim
 
     @asynccontextmanager
-    async def slot(self, worker: "Worker", tokens: int = 0) -> AsyncIterator[Permit]:
-        lim = self.for_worker(worker)
-        if self.prefect is None:
-            async with lim.slot(tokens) as permit:
-                yield permit
-        else:
-            async with self.prefect.slot(worker), lim.slot(tokens) as permit:
-                yield permit
+    async def slot(self, worker: "Worker", tokens: int = 0, timeout_s: float | None = None) -> AsyncIterator[Permit]:
+        async with self.for_worker(worker).slot(tokens, timeout_s) as permit:
+            yield permit
 
     def stats(self) -> dict[str, dict[str, float]]:
-        return {k.name: {"peak_in_flight": k.peak_in_flight, "waited_s": round(k.waited_s, 3)}
+        return {k.name: {"peak_in_flight": k.peak_in_flight, "waited_s": round(k.waited_s, 3),
+                         "pauses": k.pauses, "paused_s": round(k.paused_s, 3)}
                 for k in self._keys.values()}
-
-
-class PrefectSlots:
-    """A Prefect global concurrency limit per limit key, shared by every process of a run.
-
-    WHY coarse: each acquisition is a round trip to the Prefect API, so it caps
-    how many calls are in flight across processes while the in-process buckets
-    keep the fine-grained rate. Limits are created on first use with the
-    worker's ``max_concurrency`` (times ``processes`` if each process should
-    keep its own cap as the share). Prefect is imported only here.
-    """
-
-    def __init__(self, prefix: str = "conductor", lease_s: float = 300.0):
-        self.prefix = prefix
-        self.lease_s = lease_s
-        self._ready: set[str] = set()
-
-    def name(self, worker: "Worker") -> str:
-        provider, base, model = worker.limit_key
-        raw = f"{self.prefix}:{provider}:{model}" + (f"@{base}" if base else "")
-        return "".join(c if c.isalnum() or c in ":-_.@" else "_" for c in raw)[:200]
-
-    async def ensure(self, worker: "Worker") -> str:
-        name = self.name(worker)
-        if name in self._ready:
-            return name
-        from prefect.client.orchestration import get_client
-        from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-        from prefect.exceptions import ObjectNotFound
-
-        async with get_client() as client:
-            try:
-                await client.read_global_concurrency_limit_by_name(name)
-            except ObjectNotFound:
-                try:
-                    await client.create_global_concurrency_limit(
-                        GlobalConcurrencyLimitCreate(name=name, limit=worker.limits.max_concurrency))
-                except Exception:  # noqa: BLE001 - another process created it first
-                    await client.read_global_concurrency_limit_by_name(name)
-        self._ready.add(name)
-        return name
-
-    @asynccontextmanager
-    async def slot(self, worker: "Worker") -> AsyncIterator[None]:
-        from prefect.concurrency.asyncio import concurrency
-
-        name = await self.ensure(worker)
-        async with concurrency(name, occupy=1, strict=True, lease_duration=self.lease_s):
-            yield
 
 
 def limit_problems(worker: "Worker") -> list[str]:

@@ -13,7 +13,7 @@ from conductor.emulator import Emulator
 from conductor.executor import Executor
 from conductor.pool import Limits, Pool
 from conductor.providers.base import ProviderError
-from conductor.ratelimit import Bucket, KeyLimiter, PrefectSlots, RateLimiter
+from conductor.ratelimit import Bucket, KeyLimiter, RateLimiter
 from conductor.recursion import run_batch
 from conductor.retry import RetryPolicy
 from tests.fixtures_emulator import emu, emulator, lists, make_traj, worker  # noqa: F401
@@ -131,15 +131,3 @@ def test_tokens_are_reserved_then_refunded() -> None:
 
     fast, slow = asyncio.run(main())
     assert fast < 0.1 and slow >= 0.4        # debt of ~(100+6000-5900+50)/100 s had to be repaid
-
-
-@pytest.mark.slow
-def test_prefect_global_concurrency_limit_caps_in_flight_calls(emu: Emulator) -> None:
-    """Real Prefect (ephemeral server): the global limit is created and caps calls across callers."""
-    emu.configure(latency_s=0.2)
-    pool = _pool(emu, max_concurrency=2)
-    limiter = RateLimiter(prefect=PrefectSlots(prefix=f"test{time.time_ns()}"))
-    trajs = [make_traj(lists([0], [f"s{i}"], [[]]), qid=f"q{i}") for i in range(6)]
-    out = run_batch(trajs, pool.full(), Executor(limiter=limiter))
-    assert all(not t.infra_failed for t in out), [t.infra_cause for t in out]
-    assert emu.max_in_flight() <= 2
