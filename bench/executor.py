@@ -19,7 +19,17 @@ Measured side by side in one run:
    steps for the same workflows (ideal 1.5 for [[], [], ["all"]]).
 Also printed: the SDK client's own ceiling (calls/s with no limit), for context.
 
-Run: ``python bench/executor.py`` (defaults finish in under a minute).
+``--processes N`` (N > 1) measures the limit shared across OS processes instead:
+N separate Python processes, each with its own executor, split the workflows
+and spend ONE ``--rpm`` limit that the single emulator enforces for all of them,
+through the shared store given by ``--limits`` (default: a SQLite file,
+``conductor.shared_limits``). They start together (a barrier after warm-up);
+ratio = ideal wall / (last process done - start), leaked_429 = the 429s the
+emulator had to send. ``--compare-local`` also runs the same load with
+per-process limits, for contrast.
+
+Run: ``python bench/executor.py`` (defaults finish in under a minute);
+``python bench/executor.py --processes 4``. Last line: ``ratio_to_limit=<x> leaked_429=<n> ...``.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -42,6 +53,7 @@ from conductor.pool import Pool, Worker  # noqa: E402
 from conductor.providers.base import Message, make_provider  # noqa: E402
 from conductor.ratelimit import RateLimiter  # noqa: E402
 from conductor.recursion import execute_batch  # noqa: E402
+from conductor.shared_limits import open_shared  # noqa: E402
 from conductor.trajectory import Round, Trajectory  # noqa: E402
 
 WF = ("model_id = [0, 0, 0]\nsubtasks = [\"Solve the problem.\", \"Solve it another way.\", "
@@ -104,11 +116,14 @@ def check(ts: list[Trajectory]) -> None:
         raise SystemExit(f"error: {len(bad)} workflows failed, e.g. {bad[0]}")
 
 
+def _limit_worker(url: str, args: argparse.Namespace, model: str = "bench-model") -> Worker:
+    return Worker(name="emu", provider="openai_compatible", model=model, base_url=url + "/v1",
+                  limits={"requests_per_minute": args.rpm, "max_concurrency": args.concurrency, "timeout_s": 30,
+                          "max_retries": 10})
+
+
 async def bench_limit(url: str, args: argparse.Namespace) -> tuple[float, dict]:
-    w = Worker(name="emu", provider="openai_compatible", model="bench-model", base_url=url + "/v1",
-               limits={"requests_per_minute": args.rpm, "max_concurrency": args.concurrency, "timeout_s": 30,
-                       "max_retries": 10})
-    pool = Pool(pool_id="bench", workers=(w,))
+    pool = Pool(pool_id="bench", workers=(_limit_worker(url, args),))
     ex = Executor(limiter=RateLimiter(burst_s=1.0))
     await execute_batch(trajs(4, "warm"), pool.full(), ex)       # SDK import and connection set-up
     await asyncio.sleep(1.5)                                      # let both buckets refill
@@ -202,6 +217,88 @@ async def bench_ceiling(url: str, args: argparse.Namespace) -> dict:
     return {"calls": n, "calls_per_s": round(n / wall, 1), "client_cpu_ms_per_call": round(cpu / n * 1000, 2)}
 
 
+async def child_run(cfg: dict) -> dict:
+    """One of the --processes: warm up, wait for the common start, run its share of workflows."""
+    args = argparse.Namespace(**cfg["args"])
+    pool = Pool(pool_id="bench", workers=(_limit_worker(cfg["url"], args),))
+    ex = Executor(limiter=RateLimiter(burst_s=1.0, shared=open_shared(cfg["limits"])))
+    await execute_batch(trajs(2, f"warm{cfg['index']}-"), pool.full(), ex)
+    Path(cfg["ready"]).touch()
+    while not os.path.exists(cfg["go"]):
+        await asyncio.sleep(0.005)
+    ts = trajs(cfg["workflows"], f"p{cfg['index']}-")
+    await execute_batch(ts, pool.full(), ex)
+    end = time.time()
+    await ex.aclose()
+    bad = [t.infra_cause for t in ts if t.infra_failed or t.rounds[0].parse_status != "ok"]
+    return {"end": end, "calls": sum(len(t.calls) for t in ts), "retries": sum(c.retries for t in ts for c in t.calls),
+            "failed_workflows": len(bad), "first_failure": bad[0] if bad else None}
+
+
+def bench_processes(url: str, args: argparse.Namespace, limits: str, work: Path) -> tuple[float, dict]:
+    """--processes OS processes against one emulator limit; (ratio, info)."""
+    n = args.processes
+    shares = [args.workflows // n + (1 if i < args.workflows % n else 0) for i in range(n)]
+    go = work / f"go-{limits.split(':')[0]}"
+    procs = []
+    for i, w in enumerate(shares):
+        cfg = {"index": i, "url": url, "limits": limits, "workflows": w, "go": str(go),
+               "ready": str(work / f"ready-{limits.split(':')[0]}-{i}"), "args": vars(args)}
+        procs.append(subprocess.Popen([sys.executable, __file__, "--child", json.dumps(cfg)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    deadline = time.time() + 600
+    while not all((work / f"ready-{limits.split(':')[0]}-{i}").exists() for i in range(n)):
+        dead = [p for p in procs if p.poll() is not None]
+        if dead or time.time() > deadline:
+            for p in procs:
+                p.kill()
+            raise SystemExit(f"error: a bench process failed to start: {dead[0].stderr.read()[-800:] if dead else 'timeout'}")
+        time.sleep(0.05)
+    time.sleep(1.5)                                  # let the shared buckets refill after the warm-ups
+    _post(url + "/_emulator/reset", {})
+    start = time.time()
+    go.touch()
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=1200)
+        if p.returncode != 0:
+            raise SystemExit(f"error: a bench process failed: {err.strip().splitlines()[-1] if err.strip() else p.returncode}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    wall = max(r["end"] for r in results) - start
+    calls = sum(r["calls"] for r in results)
+    rate = args.rpm / 60.0
+    ideal = max(0.0, calls - rate * 1.0) / rate + 2 * args.latency
+    st = _get(url + "/_emulator/stats")
+    times = sorted(_get(url + "/_emulator/arrivals"))
+    steady = times[int(2 * rate):]
+    server_rate = (len(steady) - 1) / (steady[-1] - steady[0]) if len(steady) > 1 else 0.0
+    info = {"processes": n, "limits": limits.split(":")[0], "calls": calls, "wall_s": round(wall, 2),
+            "ideal_wall_s": round(ideal, 2), "server_steady_calls_per_s": round(server_rate, 1),
+            "limit_calls_per_s": round(rate, 1), "emulator_429": st["counts"].get("openai:429", 0),
+            "retries": sum(r["retries"] for r in results),
+            "failed_workflows": sum(r["failed_workflows"] for r in results)}
+    return ideal / wall, info
+
+
+def main_processes(args: argparse.Namespace) -> None:
+    work = Path(tempfile.mkdtemp(prefix="bench-limits-"))
+    limits = args.limits or f"sqlite:{work / 'limits.sqlite'}"
+    proc, url = start_emulator(args.latency, args.rpm)
+    try:
+        if args.compare_local:
+            lratio, linfo = bench_processes(url, args, "local", work)
+            print(f"per-process limits (contrast): {json.dumps(linfo)}", flush=True)
+            time.sleep(2.5)                          # the emulator's bucket refills before the shared run
+        ratio, info = bench_processes(url, args, limits, work)
+        print(f"shared limits: {json.dumps(info)}", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    extra = f" local_ratio={lratio:.3f} local_429={linfo['emulator_429']}" if args.compare_local else ""
+    print(f"ratio_to_limit={ratio:.3f} leaked_429={info['emulator_429']} processes={args.processes} "
+          f"limits={info['limits']}{extra}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workflows", type=int, default=170, help="three-step workflows for the rate-limit run")
@@ -212,8 +309,23 @@ def main() -> None:
     ap.add_argument("--parallel-workflows", type=int, default=8)
     ap.add_argument("--ceiling-workflows", type=int, default=100, help="unlimited run: the SDK client's own ceiling")
     ap.add_argument("--parallel-latency", type=float, default=0.5)
+    ap.add_argument("--processes", type=int, default=1,
+                    help="N > 1: N OS processes share the --rpm limit through --limits (only that is measured)")
+    ap.add_argument("--limits", default=None,
+                    help="shared store for --processes: sqlite:PATH (default: a temp file) or prefect[:PREFIX]")
+    ap.add_argument("--compare-local", action="store_true",
+                    help="with --processes: also run the same load with per-process limits, for contrast")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    if args.child:
+        print(json.dumps(asyncio.run(child_run(json.loads(args.child)))), flush=True)
+        return
+    if args.processes < 1 or args.workflows < 1:
+        raise SystemExit("error: --processes and --workflows must be at least 1")
+    if args.processes > 1:
+        main_processes(args)
+        return
 
     proc, url = start_emulator(args.latency, args.rpm)
     try:
@@ -229,7 +341,8 @@ def main() -> None:
         proc.wait(10)
     overhead, oinfo = asyncio.run(bench_overhead(args.overhead_workflows))
     print(f"overhead: {json.dumps(oinfo)}", flush=True)
-    print(f"ratio_to_limit={ratio:.3f} overhead_ms_per_call={overhead:.3f} parallel_speedup={speedup:.2f}")
+    print(f"ratio_to_limit={ratio:.3f} leaked_429={info['emulator_429']} overhead_ms_per_call={overhead:.3f} "
+          f"parallel_speedup={speedup:.2f}")
 
 
 if __name__ == "__main__":
