@@ -4,41 +4,71 @@ Models end answers in many ways: ``<answer>..</answer>`` tags (what our prompts
 ask for), ``\\boxed{..}``, "The answer is ..", "#### ..", or just a last number.
 Each rule is a small pure function returning ``None`` when it does not apply;
 ``extract`` tries the rules of a per-dataset ``Extraction`` config in order.
+
+Replies can be huge and hostile (a degenerate worker repeating ``<answer>`` 100,000 times), so
+every rule runs in time linear in its input, only the last ``MAX_CHARS`` characters of a reply
+are read, and ``extract`` stops trying rules once ``DEADLINE_S`` has passed.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
-_BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+MAX_CHARS = 200_000     # a reply is judged on its last MAX_CHARS characters (the answer comes last)
+DEADLINE_S = 2.0        # extract() tries no further rule after this long (a backstop: rules are linear)
+
+_OPEN_TAG_RE = re.compile(r"<answer>", re.IGNORECASE)
+_CLOSE_TAG_RE = re.compile(r"</answer>", re.IGNORECASE)
+# one token per brace, escaped pair or box opener: boxed() matches braces in a single pass
+_BRACE_TOKEN_RE = re.compile(r"(\\(?:boxed|fbox)\s*\{)|\\.|[{}]", re.DOTALL)
 _BOX_SPACE_RE = re.compile(r"\\boxed +([^\s$]+)")
 _FINAL_RE = re.compile(
     r"(?:final\s+answer\s*(?:is)?\s*[:：]?|the\s+(?:correct\s+)?answer\s+is\s*[:：]?|answer\s*[:：]|####)\s*(.+)",
     re.IGNORECASE)
 _NUMBER_RE = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|(?<![\w.])-?\.\d+")
 _CODE_START_RE = re.compile(r"^(?:def |class |import |from \S+ import |async def |@)", re.MULTILINE)
-_CODE_RE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+_FENCE_LANG_RE = re.compile(r"[ \t]*([\w+-]*)")
+_SPACES_RE = re.compile(r"\s+")
 _LETTER_PATTERNS = (
     r"(?:answer|option|choice)\s*(?:is|:)?\s*(?:option\s*)?\(?\**([A-{last}])\**\)?(?![\w])",
+    # markdown or LaTeX emphasis around a lone letter: "is to **B**.", "__C__", "*D*", "**(B)**", "\textbf{A}"
+    r"(?:\*\*|__)\s*\(?([A-{last}])[.):]?\s*(?:\*\*|__)(?![\w*])",
+    r"(?<![\w*])\*\(?([A-{last}])[.)]?\*(?![\w*])",
+    r"(?:\*\*|__)\s*\(?([A-{last}])[.):]\s",
+    r"\\text(?:bf)?\{{\s*\(?([A-{last}])\)?\s*\}}",
     r"^\s*\(?\**([A-{last}])\**\)?\s*(?:[.):]|$)",
     r"\(([A-{last}])\)",
     r"(?<![\w'])([A-{last}])(?![\w'])",
 )
 
 
+def _tail(text: str) -> str:
+    return text if len(text) <= MAX_CHARS else text[-MAX_CHARS:]
+
+
 def answer_tag(text: str) -> str | None:
-    """Content of the last ``<answer>...</answer>`` pair.
+    """Content of the last ``<answer>`` that is closed, up to the first ``</answer>`` after it.
 
     >>> answer_tag("<idea>x</idea><answer> 42 </answer>")
     '42'
+    >>> answer_tag("<answer>draft <answer>7</answer> <answer>unclosed")
+    '7'
     >>> answer_tag("no tags") is None
     True
     """
-    found = _TAG_RE.findall(text)
-    return found[-1].strip() if found else None
+    text = _tail(text)
+    closes = [m.start() for m in _CLOSE_TAG_RE.finditer(text)]
+    if not closes:
+        return None
+    for start in reversed([m.end() for m in _OPEN_TAG_RE.finditer(text)]):
+        k = bisect.bisect_left(closes, start)
+        if k < len(closes):
+            return text[start:closes[k]].strip()
+    return None
 
 
 def boxed(text: str) -> str | None:
@@ -51,28 +81,40 @@ def boxed(text: str) -> str | None:
     >>> boxed(r"\\boxed{unclosed") is None
     True
     """
-    last: str | None = None
-    for m in _BOX_RE.finditer(text):
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            ch = text[i]
-            if ch == "\\" and i + 1 < len(text):
-                i += 2
-                continue
-            depth += 1 if ch == "{" else -1 if ch == "}" else 0
-            i += 1
-        if depth == 0:
-            last = text[m.end(): i - 1].strip()
+    text = _tail(text)
+    stack: list[int] = []             # where each open brace's content starts; -1 for a plain brace
+    span = (-1, -1)                   # the closed box that opened last
+    for m in _BRACE_TOKEN_RE.finditer(text):
+        if m.group(1):
+            stack.append(m.end())
+        elif m.group() == "{":
+            stack.append(-1)
+        elif m.group() == "}" and stack:
+            start = stack.pop()
+            if start > span[0]:
+                span = (start, m.start())
+    last = text[span[0]:span[1]].strip() if span[0] >= 0 else None
     if last is None:
         spaced = _BOX_SPACE_RE.findall(text)
         last = spaced[-1] if spaced else None
     return last
 
 
+def _strip_chars(s: str, lead: str, trail: str) -> str:
+    """Strip whitespace plus ``lead`` chars from the front and ``trail`` chars from the back (linear;
+    a regex like ``[\\s*.]+$`` is quadratic on a long run that is not at the end)."""
+    i, j = 0, len(s)
+    while i < j and (s[i].isspace() or s[i] in lead):
+        i += 1
+    while j > i and (s[j - 1].isspace() or s[j - 1] in trail):
+        j -= 1
+    return s[i:j]
+
+
 def _clean_line(s: str) -> str:
-    s = re.sub(r"^[\s*]+|[\s*.]+$", "", s)
-    s = re.sub(r"^\$+|\$+$", "", s).strip()
-    s = re.sub(r"^\\\(|\\\)$", "", s).strip()
+    s = _strip_chars(s, "*", "*.")
+    s = s.strip("$").strip()
+    s = s.removeprefix("\\(").removesuffix("\\)").strip()
     return s.rstrip(".").strip()
 
 
@@ -87,7 +129,7 @@ def final_answer_line(text: str) -> str | None:
     True
     """
     best: str | None = None
-    for line in text.splitlines():
+    for line in _tail(text).splitlines():
         for m in _FINAL_RE.finditer(line):
             cand = _clean_line(m.group(1))
             if cand:
@@ -105,7 +147,7 @@ def last_number(text: str) -> str | None:
     >>> last_number("none") is None
     True
     """
-    found = _NUMBER_RE.findall(text)
+    found = _NUMBER_RE.findall(_tail(text))
     return found[-1].replace(",", "") if found else None
 
 
@@ -124,6 +166,8 @@ def choice_letter(text: str, n_choices: int = 4, choices: Sequence[str] | None =
     """
     if n_choices < 1:
         return None
+    # one space (or one newline) per whitespace run: the patterns' \\s* then stay short
+    text = _SPACES_RE.sub(lambda m: "\n" if "\n" in m.group() else " ", _tail(text))
     letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
     last = letters[min(n_choices, 26) - 1]
     stripped = text.strip().strip("*$ ").rstrip(".").strip()
@@ -154,6 +198,24 @@ def choice_letter(text: str, n_choices: int = 4, choices: Sequence[str] | None =
     return None
 
 
+def _fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """(language, code) of each fenced block, in one left-to-right pass: a fence opens a block,
+    its line ends the header, and the next fence after that line closes it."""
+    out: list[tuple[str, str]] = []
+    pos = text.find("```")
+    while pos >= 0:
+        newline = text.find("\n", pos + 3)
+        if newline < 0:
+            break
+        close = text.find("```", newline + 1)
+        if close < 0:
+            break
+        lang = _FENCE_LANG_RE.match(text, pos + 3, newline)
+        out.append((lang.group(1) if lang else "", text[newline + 1:close]))
+        pos = text.find("```", close + 3)
+    return out
+
+
 def code_block(text: str) -> str | None:
     """The last fenced code block (python preferred). Without a fence: the content of an
     ``<answer>`` tag if any, else the text from the first line that starts like code.
@@ -165,7 +227,8 @@ def code_block(text: str) -> str | None:
     >>> code_block("Sure, here it is:\\nimport math\\ndef g(): pass")
     'import math\\ndef g(): pass'
     """
-    blocks = _CODE_RE.findall(text)
+    text = _tail(text)
+    blocks = _fenced_blocks(text)
     if blocks:
         py = [code for lang, code in blocks if lang.lower() in ("python", "py", "python3")]
         return (py or [code for _, code in blocks])[-1]
@@ -199,8 +262,10 @@ class Extraction:
         return extract(text, self.rules)
 
 
-def extract(text: str | None, rules: Sequence[str] = ("tag", "boxed", "final_line", "last_number")) -> str | None:
-    """Apply ``rules`` in order.
+def extract(text: str | None, rules: Sequence[str] = ("tag", "boxed", "final_line", "last_number"),
+            deadline_s: float = DEADLINE_S) -> str | None:
+    """Apply ``rules`` in order to the last ``MAX_CHARS`` characters of ``text``; give up (None)
+    once ``deadline_s`` has passed.
 
     >>> extract("thinking... <answer>The answer is \\\\boxed{7}</answer>")
     '7'
@@ -213,7 +278,11 @@ def extract(text: str | None, rules: Sequence[str] = ("tag", "boxed", "final_lin
     """
     if not text:
         return None
+    text = _tail(text)
+    stop = time.monotonic() + deadline_s
     for name in rules:
+        if time.monotonic() > stop:
+            return None       # a backstop only: every rule is linear in the (capped) text
         try:
             rule = RULES[name]
         except KeyError:

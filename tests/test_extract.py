@@ -62,6 +62,16 @@ def test_choice_letter(text, want):
     assert choice_letter(text, 4) == want
 
 
+@pytest.mark.parametrize("text,want", [
+    ("The most effective method for removing it is to **B**.", "B"),   # issue #12: was the whole sentence
+    ("I would go with __C__ in this case.", "C"), ("Clearly *D* fits the data best.", "D"),
+    ("So the pick is **(A)** because of the units.", "A"), ("We conclude **B. 42 kg** is right", "B"),
+    ("hence $\\textbf{C}$", "C"), ("**A**nother thought: none fits", None), ("a *B * c", None),
+])
+def test_choice_letter_markdown_wrapped(text, want):
+    assert choice_letter(text, 4) == want
+
+
 def test_choice_letter_by_option_text():
     assert choice_letter("Rome", 3, ["London", "Paris", "Rome"]) == "C"
     assert choice_letter("$234.00", 2, ["$100", "$234.00"]) == "B"

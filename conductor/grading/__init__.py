@@ -20,8 +20,17 @@ from conductor.questions import Question
 
 
 def grade(question: Question, response: str | None, kind: str | None = None) -> GradeResult:
-    """Grade one response to one question with the grader its dataset asks for."""
-    return get_grader(kind or kind_of(question)).grade(question, response)
+    """Grade one response to one question with the grader its dataset asks for. A grader that
+    raises (a bug, a gold it cannot read) gives an infrastructure error, never a crashed run."""
+    return _guarded(get_grader(kind or kind_of(question)), question, response)
+
+
+def _guarded(grader: Grader, question: "Question | str | Mapping[str, Any]", response: str | None) -> GradeResult:
+    try:
+        return grader.grade(question, response)
+    except Exception as exc:  # noqa: BLE001  (reported as the item's error; the batch goes on)
+        return GradeResult(False, None, f"grader {getattr(grader, 'kind', '?')} failed: {type(exc).__name__}: "
+                                        f"{str(exc)[:200]}")
 
 
 def grade_many(questions: Sequence["Question | str | Mapping[str, Any]"], responses: Sequence[str | None],
@@ -36,16 +45,20 @@ def grade_many(questions: Sequence["Question | str | Mapping[str, Any]"], respon
     math_idx = [i for i, k in enumerate(kinds) if k == "math"]
     if math_idx:
         grader = get_grader("math")
-        results = grader.grade_many([questions[i] for i in math_idx], [responses[i] for i in math_idx])  # type: ignore[attr-defined]
+        try:
+            results = grader.grade_many([questions[i] for i in math_idx], [responses[i] for i in math_idx])  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001  (one bad item must not sink the batch: grade them one by one)
+            results = [_guarded(grader, questions[i], responses[i]) for i in math_idx]
         for i, r in zip(math_idx, results):
             out[i] = r
     rest = [i for i, k in enumerate(kinds) if k != "math"]
 
     def one(i: int) -> GradeResult:
         try:
-            return get_grader(kinds[i]).grade(questions[i], responses[i])
+            grader = get_grader(kinds[i])
         except KeyError as exc:
             return GradeResult(False, None, str(exc.args[0]))
+        return _guarded(grader, questions[i], responses[i])
     with ThreadPoolExecutor(max_workers=max_workers or 8) as ex:
         for i, r in zip(rest, ex.map(one, rest)):
             out[i] = r

@@ -86,9 +86,27 @@ def as_question(obj: "Question | str | int | float | Mapping[str, Any]", domain:
         if obj.get("extract") is not None:
             meta["extract"] = list(obj["extract"])
         return Question(id=str(obj.get("id") or "inline"), dataset="inline", domain=domain,  # type: ignore[arg-type]
-                        prompt="", gold=None if gold is None else str(gold), tests=obj.get("tests"),
+                        prompt="", gold=None if gold is None else gold_text(gold), tests=obj.get("tests"),
                         entry_point=obj.get("entry_point"), metadata=meta)
-    return Question(id="inline", dataset="inline", domain=domain, prompt="", gold=str(obj))  # type: ignore[arg-type]
+    return Question(id="inline", dataset="inline", domain=domain, prompt="", gold=gold_text(obj))  # type: ignore[arg-type]
+
+
+def gold_text(value: Any) -> str:
+    """``str(value)``, also for integers past Python's 4,300-digit conversion limit.
+
+    >>> len(gold_text(10 ** 5000 - 1)), gold_text(-12)
+    (5000, '-12')
+    """
+    if not isinstance(value, int) or isinstance(value, bool):
+        return str(value)
+    try:
+        return str(value)
+    except ValueError:
+        sign, n, chunks = "-" if value < 0 else "", abs(value), []
+        while n:
+            n, low = divmod(n, 10 ** 4000)
+            chunks.append(low)
+        return sign + str(chunks[-1]) + "".join(f"{c:04000d}" for c in reversed(chunks[:-1]))
 
 
 def rules_for(question: Question, kind: str) -> Sequence[str]:

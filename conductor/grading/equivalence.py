@@ -14,7 +14,7 @@ from typing import Any
 from conductor.extract import extract
 from conductor.grading.base import GradeResult, as_question, register_grader, rules_for
 from conductor.grading.mathverify import MathVerifyPool, default_pool
-from conductor.grading.numeric import numbers_equal, to_number
+from conductor.grading.numeric import numbers_equal, to_exact
 from conductor.questions import Question
 
 _STRIP_RE = re.compile(r"\\left|\\right|\\!|\\,|\\;|\\ |\s|\$|\\displaystyle|\^\{?\\circ\}?|\.$")
@@ -43,7 +43,7 @@ def quick_verdict(gold: str, pred: str) -> bool | None:
     >>> quick_verdict(r"\\sqrt{2}", r"2^{1/2}") is None, quick_verdict("3i", "3") is None
     (True, True)
     """
-    a, b = to_number(gold, units=False), to_number(pred, units=False)
+    a, b = to_exact(gold, units=False), to_exact(pred, units=False)
     if a is not None and b is not None:
         return numbers_equal(a, b)
     if normalize_latex(gold) == normalize_latex(pred):

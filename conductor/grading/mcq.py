@@ -20,8 +20,11 @@ class MCQGrader:
         q = as_question(question_or_gold, "mcq")
         choices = q.choices
         n = len(choices) if choices else 26
+        raw = q.gold.strip() if q.gold is not None else None
+        if raw is not None and len(raw) > 12 and raw.lstrip("-").isdigit():   # no option index is this long
+            return GradeResult(False, None, f"gold: answer of {len(raw)} digits is not one of {n} options")
         try:
-            gold = gold_letter(q.gold if q.gold is None or not q.gold.strip().lstrip("-").isdigit() else int(q.gold),
+            gold = gold_letter(raw if raw is None or not raw.lstrip("-").isdigit() else int(raw),
                                choices or list(LETTERS[:n]), "gold")
         except DatasetError as exc:
             return GradeResult(False, None, str(exc))

@@ -1,0 +1,190 @@
+"""Adversarial inputs to the reward path (issue #17 items 3, 4, 7, 8 and issue #12's extraction defects).
+
+Each test here failed on the code before the fix: exiting early passed code tests, extraction was
+quadratic, huge or scientific golds could not be read, and markdown-wrapped choices were missed. The
+sandbox's containment tests, run as root and as a normal user, live in tests/test_sandbox.py.
+"""
+
+from __future__ import annotations
+
+import re
+import resource
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conductor.extract import MAX_CHARS, _fenced_blocks, answer_tag, boxed, choice_letter, extract
+from conductor.grading import get_grader, grade
+from conductor.grading.code import CodeGrader
+from conductor.questions import Question
+from conductor.reward import score_trajectory
+from conductor.sandbox import Limits, Sandbox
+from conductor.trajectory import Round, Trajectory
+
+# --------------------------------------------------------------------------- extraction cost
+
+CPU_BUDGET_S = 20   # CPU seconds (not wall time: a loaded machine does not change it); the fixed code needs < 1
+
+
+def _under_cpu_budget(snippet: str) -> str:
+    """Run ``snippet`` in a fresh interpreter that the kernel kills after CPU_BUDGET_S CPU seconds
+    (SIGXCPU); return its stdout. The quadratic extraction took minutes on these inputs."""
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_CPU, (CPU_BUDGET_S, CPU_BUDGET_S + 1))
+
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(snippet)], preexec_fn=limit, capture_output=True,
+                          text=True, timeout=CPU_BUDGET_S * 30)
+    assert proc.returncode == 0, f"killed or failed (rc {proc.returncode}; -24 is SIGXCPU): {proc.stderr[-500:]}"
+    return proc.stdout.strip()
+
+
+@pytest.mark.parametrize("name,build,call,want", [
+    ("100,000 <answer> tags", "'<answer>' * 100_000 + '<answer>42</answer>'", "extract(t)", "42"),
+    ("10,000 nested boxes", "'\\\\boxed{' * 10_000 + '7' + '}' * 10_000", "boxed(t)", "7"),
+    ("160 KB of blanks after 'Final answer:'", "'Final answer: 12' + ' ' * 160_000 + '.'", "extract(t)", "12"),
+    ("60,000 code fences without a newline", "'```' * 60_000", "code_block(t)", "```" * 3),
+    ("'The answer is' then 100,000 blanks", "'The answer is' + ' ' * 100_000 + '?'", "choice_letter(t, 4)", "None"),
+    ("100,000 '$' before the answer", "'Answer: ' + '$' * 100_000 + 'x'", "extract(t)", "x"),
+])
+def test_degenerate_replies_are_extracted_in_linear_time(name, build, call, want):
+    out = _under_cpu_budget(f"""
+        from conductor.extract import boxed, choice_letter, code_block, extract
+        t = {build}
+        r = {call}
+        print(r if r is None or len(r) < 20 else r[:9])
+    """)
+    assert out == want, name
+
+
+def test_extraction_reads_only_the_tail_of_a_huge_reply():
+    reply = "<answer>1</answer>" + "x" * (MAX_CHARS + 10) + "<answer>2</answer>"
+    assert extract(reply) == "2"
+    assert answer_tag("<answer>" + "y" * (MAX_CHARS + 10) + "</answer>") is None   # its opening tag is cut off
+
+
+def test_extraction_deadline_stops_trying_rules():
+    assert extract("no tag but the number 5", ("tag", "last_number")) == "5"
+    assert extract("no tag but the number 5", ("tag", "last_number"), deadline_s=-1.0) is None
+
+
+def _reference_tag(t: str) -> str | None:
+    """The last opening tag that is closed, up to its nearest closing tag (quadratic; small inputs only)."""
+    best, i = None, t.find("<answer>")
+    while i >= 0:
+        j = t.find("</answer>", i + 8)
+        if j >= 0:
+            best = t[i + 8:j].strip()
+        i = t.find("<answer>", i + 1)
+    return best
+
+
+def _reference_boxed(t: str) -> str | None:
+    """The former per-box scan (quadratic on nested boxes; small inputs only)."""
+    last = None
+    for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", t):
+        depth, i = 1, m.end()
+        while i < len(t) and depth:
+            if t[i] == "\\" and i + 1 < len(t):
+                i += 2
+                continue
+            depth += 1 if t[i] == "{" else -1 if t[i] == "}" else 0
+            i += 1
+        if depth == 0:
+            last = t[m.end():i - 1].strip()
+    if last is None:
+        spaced = re.findall(r"\\boxed +([^\s$]+)", t)
+        last = spaced[-1] if spaced else None
+    return last
+
+
+def _reference_code(t: str) -> list[tuple[str, str]]:
+    return re.findall(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", t, re.DOTALL)
+
+
+soup = st.lists(st.sampled_from(["<answer>", "</answer>", "\\boxed{", "\\boxed ", "{", "}", "\\{", "```", "```py",
+                                 "\n", " ", "**B**", "7", "x"]), max_size=60).map("".join)
+
+
+@given(soup)
+def test_linear_extractors_match_the_simple_quadratic_ones(text):
+    assert answer_tag(text) == _reference_tag(text)
+    assert boxed(text) == _reference_boxed(text)
+    assert _fenced_blocks(text) == _reference_code(text)
+    assert choice_letter(text, 4) in (None, "A", "B", "C", "D")
+
+
+# --------------------------------------------------------------------------- golds that are numbers
+
+NINES = "9" * 5000
+
+
+@pytest.mark.parametrize("kind", ["numeric", "math"])
+def test_a_gold_of_5000_nines_is_graded_not_crashed(kind):
+    grader = get_grader(kind)
+    right = grader.grade(NINES, f"<answer>{NINES}</answer>")
+    wrong = grader.grade(NINES, f"<answer>{NINES[:-1]}8</answer>")
+    assert (right.correct, right.error) == (True, None)
+    assert (wrong.correct, wrong.error) == (False, None)
+    as_int = grader.grade({"gold": 10 ** 5000 - 1}, f"The answer is {NINES}.")
+    assert (as_int.correct, as_int.error) == (True, None)
+
+
+def test_a_huge_gold_is_an_error_not_a_crash_for_multiple_choice():
+    res = get_grader("mcq").grade({"gold": NINES, "choices": ["a", "b"]}, "<answer>A</answer>")
+    assert res.correct is False and "not one of 2 options" in (res.error or "")
+
+
+def test_a_huge_gold_through_the_reward_gives_a_reward():
+    q = Question(id="big/0", dataset="big", domain="math", prompt="?", gold=NINES, metadata={"grader": "numeric"})
+    t = Trajectory(trajectory_id="t", run_id="r", kind="rollout", question_id=q.id, dataset="big", domain="math",
+                   question="?", rounds=[Round(depth=0, prompt="p", completion="c", parse_status="ok")],
+                   final_answer=f"<answer>{NINES}</answer>")
+    assert score_trajectory(t, q).reward == 1.0
+
+
+@pytest.mark.parametrize("kind", ["numeric", "math"])
+@pytest.mark.parametrize("gold,response,want", [
+    ("1e308", "<answer>1e308</answer>", True),
+    ("1e308", "The answer is $1 \\times 10^{308}$.", True),
+    ("1e308", "<answer>1e307</answer>", False),
+    ("2.5e-3", "<answer>0.0025</answer>", True),
+    ("1e400", "<answer>1e400</answer>", True),          # beyond a float: still a number
+])
+def test_scientific_golds_are_numbers(kind, gold, response, want):
+    res = get_grader(kind).grade(gold, response)
+    assert (res.correct, res.error) == (want, None), res
+
+
+def test_a_number_that_opens_a_phrase_is_the_answer():
+    # issue #12: "20 cups of mixed chicken feed, ..." was graded wrong against 20 (the last number was used)
+    res = get_grader("numeric").grade("20", "<answer>20 cups of mixed chicken feed, which is 4 cups per hen</answer>")
+    assert res.correct, res
+    assert not get_grader("numeric").grade("4", "<answer>20 cups of feed, which is 4 cups per hen</answer>").correct
+
+
+# --------------------------------------------------------------------------- markdown-wrapped choices (issue #12)
+
+MCQ = {"gold": "B", "choices": ["boil it", "use heat", "freeze it", "ignore it"]}
+
+
+@pytest.mark.parametrize("response", [
+    "<answer>The most effective method for sterilising it is to **B**.</answer>",
+    "The most effective method for sterilising it is to **B**.",
+    "After weighing the options, I'd go with __B__ here.",
+    "Of the four, *B* is the only sound one.",
+    "The best choice here is **(B)**, since heat kills it.",
+    "So we pick **B. use heat** as the method.",
+    "Final: $\\textbf{B}$",
+])
+def test_markdown_wrapped_choice_is_the_letter(response):
+    res = get_grader("mcq").grade(MCQ, response)
+    assert (res.correct, res.extracted) == (True, "B"), res
+
+
+def test_markdown_wrapped_wrong_choice_is_wrong():
+    res = get_grader("mcq").grade(MCQ, "The most effective method for sterilising it is to **C**.")
+    assert (res.correct, res.extracted) == (False, "C")
