@@ -219,8 +219,8 @@ class KeyLimiter:
                 yield permit
             finally:
                 self.in_flight -= 1
-                if self.shared is not None:
-                    await asyncio.shield(self.shared.release(lease, permit.unused_tokens))
+                if self.shared is not None:       # same task: Prefect's slot context must exit where it entered
+                    await self.shared.release(lease, permit.unused_tokens)
 
     async def _admit(self, tokens: int, timeout_s: float | None) -> tuple[Any, float]:
         paused = 0.0

@@ -222,7 +222,10 @@ def test_prefect_global_limits_hold_rpm_and_concurrency(emu: Emulator) -> None:
     pool = Pool(pool_id="pf", workers=(worker(emu, "w", "openai", limits={"requests_per_minute": 600,
                                                                            "max_concurrency": 2}),))
     limiter = RateLimiter(shared=PrefectLimits(prefix=f"test{time.time_ns()}"))
-    trajs = [make_traj(lists([0], [f"s{i}"], [[]]), qid=f"q{i}") for i in range(20)]
+    # 40 calls: two in flight at 50 ms each would reach the provider at ~40/s without the rate limit,
+    # far past its 20 requests of burst and 10/s
+    trajs = [make_traj(lists([0], [f"s{i}"], [[]]), qid=f"q{i}") for i in range(40)]
     out = run_batch(trajs, pool.full(), Executor(limiter=limiter))
     assert all(not t.infra_failed for t in out), [t.infra_cause for t in out]
     assert emu.max_in_flight() <= 2 and emu.stats().get("openai:429", 0) == 0
+    assert emu.stats()["openai:ok"] == 40
