@@ -28,7 +28,7 @@ class GenerationParams:
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     logprobs: bool = True
-    grammar: str | None = None     # GBNF constraint (conductor.grammar); honoured by llama.cpp backends
+    grammar: str | None = None     # GBNF constraint (conductor.grammar); honoured by every backend
 
 
 class PolicyBackend(Protocol):

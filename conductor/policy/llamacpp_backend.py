@@ -9,6 +9,12 @@ the n samples of one prompt share the prompt's KV cache (evaluated once).
 
 Log-probs are ``log_softmax(logits / temperature)`` of the sampled token (raw
 ``log_softmax(logits)`` when greedy), the same convention as the transformers backend.
+
+Constrained decoding (``GenerationParams.grammar``, GBNF): llama.cpp's own grammar
+sampler (``llama_sampler_init_grammar`` on the text ``llama_cpp.LlamaGrammar``
+holds) masks the candidates our loop samples from and accepts each chosen token.
+The recorded log-probs stay those of the unconstrained distribution, as on the
+other backends (the trainer scores sampled tokens under the unconstrained model).
 """
 
 from __future__ import annotations
@@ -70,20 +76,28 @@ class LlamaCppBackend:
 
         rng = np.random.default_rng(params.seed)
         out: list[list[Generation]] = []
-        for prompt in prompts:
-            ids = self.llm.tokenize(self.render(prompt).encode("utf-8"), add_bos=False, special=True)  # the template adds any BOS it wants
-            if len(ids) + 1 >= self.llm.n_ctx():
-                raise ValueError(f"llama.cpp backend: prompt of {len(ids)} tokens does not fit n_ctx={self.llm.n_ctx()}")
-            self.llm.reset()
-            self.llm.eval(ids)
-            first_logits = self._last_logits()
-            out.append([self._sample_one(ids, first_logits, params, rng) for _ in range(n)])
+        grammar = GrammarMask(self.llm, params.grammar) if params.grammar else None
+        try:
+            for prompt in prompts:
+                ids = self.llm.tokenize(self.render(prompt).encode("utf-8"), add_bos=False, special=True)  # the template adds any BOS it wants
+                if len(ids) + 1 >= self.llm.n_ctx():
+                    raise ValueError(f"llama.cpp backend: prompt of {len(ids)} tokens does not fit n_ctx={self.llm.n_ctx()}")
+                self.llm.reset()
+                self.llm.eval(ids)
+                first_logits = self._last_logits()
+                out.append([self._sample_one(ids, first_logits, params, rng, grammar) for _ in range(n)])
+        finally:
+            if grammar is not None:
+                grammar.close()
         return out
 
-    def _sample_one(self, prompt_ids: list[int], first_logits: Any, params: GenerationParams, rng: Any) -> Generation:
+    def _sample_one(self, prompt_ids: list[int], first_logits: Any, params: GenerationParams, rng: Any,
+                    grammar: "GrammarMask | None" = None) -> Generation:
         import numpy as np
 
         llm = self.llm
+        if grammar is not None:
+            grammar.reset()
         llm.n_tokens = len(prompt_ids)           # drop the previous sample; eval() clears the KV cache past here
         logits = first_logits
         budget = min(params.max_tokens, llm.n_ctx() - len(prompt_ids))
@@ -95,6 +109,8 @@ class LlamaCppBackend:
             scaled = logits / params.temperature if params.temperature > 0 else logits
             logp = scaled - np.logaddexp.reduce(scaled)
             token = int(np.argmax(logp)) if params.temperature <= 0 else _sample_top_p(logp, params.top_p, rng)
+            if grammar is not None:
+                token = grammar.constrain(token, logp, params, rng)
             tokens.append(token)
             logprobs.append(float(logp[token]))
             if self._is_end(token):
@@ -105,6 +121,8 @@ class LlamaCppBackend:
                 if any(s in text for s in params.stop):
                     finish = "stop"
                     break
+            if grammar is not None:
+                grammar.accept(token)
             llm.eval([token])
             logits = self._last_logits()
         text = llm.detokenize([t for t in tokens if not self._is_end(t)]).decode("utf-8", errors="ignore")
@@ -121,6 +139,84 @@ class LlamaCppBackend:
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
             llm.close()
+
+
+class GrammarMask:
+    """llama.cpp's grammar sampler over our own sampling loop: which tokens the GBNF allows next.
+
+    Exact and cheap: the token drawn from the unconstrained distribution is checked alone first; only when the
+    grammar rejects it is the whole vocabulary masked and the token redrawn from the allowed set. For plain
+    sampling (top_p = 1) and greedy decoding the result has exactly the distribution of sampling from the
+    masked, renormalised distribution (P(t) = p(t) + (1 - p(A)) p(t) / p(A) = p(t) / p(A) for allowed t); with
+    top_p < 1 the vocabulary is always masked first, then top-p applies to the allowed set.
+    """
+
+    def __init__(self, llm: Any, grammar: str):
+        import llama_cpp
+        import numpy as np
+
+        g = llama_cpp.LlamaGrammar.from_string(grammar, verbose=False)
+        self._smpl = llama_cpp.llama_sampler_init_grammar(llm._model.vocab, g._grammar.encode("utf-8"),
+                                                          g._root.encode("utf-8"))
+        if not self._smpl:
+            raise ValueError("llama.cpp backend: the grammar does not parse (llama_sampler_init_grammar failed)")
+        dtype = np.dtype([("id", np.intc), ("logit", np.single), ("p", np.single)], align=True)
+        self._n = llm.n_vocab()
+        self._all = np.zeros(self._n, dtype=dtype)
+        self._ids = np.arange(self._n, dtype=np.intc)
+        self._one = np.zeros(1, dtype=dtype)
+
+    def _apply(self, data: Any) -> None:
+        import ctypes
+
+        import llama_cpp
+
+        arr = llama_cpp.llama_token_data_array(data=data.ctypes.data_as(llama_cpp.llama_token_data_p),
+                                               size=len(data), selected=-1, sorted=False)
+        llama_cpp.llama_sampler_apply(self._smpl, ctypes.byref(arr))
+
+    def allows(self, token: int) -> bool:
+        self._one[0] = (token, 0.0, 0.0)
+        self._apply(self._one)
+        return bool(self._one["logit"][0] > -1e30)
+
+    def allowed(self) -> Any:
+        """Boolean mask over the vocabulary."""
+        self._all["id"] = self._ids
+        self._all["logit"] = 0.0
+        self._apply(self._all)
+        return self._all["logit"] > -1e30
+
+    def constrain(self, token: int, logp: Any, params: GenerationParams, rng: Any) -> int:
+        """``token`` if the grammar allows it (and top-p did not already truncate), else a redraw from the allowed set."""
+        import numpy as np
+
+        if (params.temperature <= 0 or params.top_p >= 1.0) and self.allows(token):
+            return token
+        ok = self.allowed()
+        if not ok.any():
+            raise ValueError("llama.cpp backend: the grammar allows no next token")
+        masked = np.where(ok, logp, -np.inf)
+        if params.temperature <= 0:
+            return int(np.argmax(masked))
+        return _sample_top_p(masked - np.logaddexp.reduce(masked[ok]), params.top_p, rng)
+
+    def accept(self, token: int) -> None:
+        import llama_cpp
+
+        llama_cpp.llama_sampler_accept(self._smpl, token)
+
+    def reset(self) -> None:
+        import llama_cpp
+
+        llama_cpp.llama_sampler_reset(self._smpl)
+
+    def close(self) -> None:
+        import llama_cpp
+
+        smpl, self._smpl = self._smpl, None
+        if smpl:
+            llama_cpp.llama_sampler_free(smpl)
 
 
 def default_threads() -> int:

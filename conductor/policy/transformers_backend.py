@@ -10,6 +10,12 @@ reused (``cache_converted=True``).
 Log-probs are of the sampled tokens under the sampling distribution, i.e.
 ``log_softmax(logits / temperature)`` (raw ``log_softmax(logits)`` when greedy);
 top-p truncation is not folded in, matching what a GRPO ratio recomputes.
+
+Constrained decoding (``GenerationParams.grammar``, the project's GBNF): llguidance
+(the grammar engine behind llama.cpp's ``%llguidance`` mode and vLLM's ``guidance``
+backend; no dependencies, CPU wheel) converts the GBNF and a ``LogitsProcessor``
+masks every row's next-token scores to what the grammar allows, before temperature
+and top-p. Log-probs stay those of the unconstrained model, as on the other backends.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ class TransformersBackend:
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.eos_ids = _eos_ids(model, tokenizer)
+        self._lltok: tuple[int, Any] | None = None     # (vocabulary size, llguidance tokenizer), built once
 
     @classmethod
     def load(cls, path: str | Path, gguf_file: str | None = None, *, device: str | None = None, dtype: str | None = None,
@@ -138,8 +145,14 @@ class TransformersBackend:
             kwargs.update(temperature=None, top_p=None, top_k=None)
         if params.stop:
             kwargs.update(stop_strings=list(params.stop), tokenizer=tok)
+        gen_kwargs = {**kwargs, **self.generate_kwargs}
+        if params.grammar:
+            from transformers import LogitsProcessorList
+
+            gen_kwargs["logits_processor"] = LogitsProcessorList(
+                [*(self.generate_kwargs.get("logits_processor") or []), self.grammar_processor(params.grammar)])
         with torch.inference_mode():
-            res = self.model.generate(**enc, **{**kwargs, **self.generate_kwargs}, **extra)
+            res = self.model.generate(**enc, **gen_kwargs, **extra)
         prompt_len = enc["input_ids"].shape[1]
         new = res.sequences[:, prompt_len:]
         logits = torch.stack(res.logits, dim=1).float()             # [batch, new_len, vocab]
@@ -168,8 +181,64 @@ class TransformersBackend:
                                    prompt_token_ids=enc["input_ids"][b][mask].tolist()))
         return gens
 
+    def grammar_processor(self, grammar: str) -> "GrammarLogitsProcessor":
+        """A fresh processor (one matcher per batch row) for one ``generate`` call."""
+        n_vocab = int(self.model.get_output_embeddings().weight.shape[0])
+        if self._lltok is None or self._lltok[0] != n_vocab:
+            import llguidance.hf
+
+            self._lltok = (n_vocab, llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=n_vocab,
+                                                                 eos_token=sorted(self.eos_ids)))
+        return GrammarLogitsProcessor(self._lltok[1], grammar, self.eos_ids)
+
     def close(self) -> None:
         self.model = None
+
+
+class GrammarLogitsProcessor:
+    """A transformers logits processor that keeps every row inside a GBNF grammar (llguidance matchers).
+
+    Built per ``generate`` call: the first call sees the prompts and creates one matcher per row; each later
+    call first feeds every row's newly sampled token to its matcher. A row whose matcher has stopped (it
+    wrote end-of-turn after a complete workflow) may only write end tokens while ``generate`` pads it.
+    """
+
+    def __init__(self, lltok: Any, grammar: str, eos_ids: set[int]):
+        import llguidance
+
+        try:
+            self.grammar = llguidance.grammar_from("gbnf", grammar)
+        except ValueError as e:
+            raise ValueError(f"transformers backend: the grammar does not convert: {e}") from None
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(self.grammar, lltok)
+        if is_error:
+            raise ValueError(f"transformers backend: invalid grammar: {messages[0] if messages else '?'}")
+        self.lltok = lltok
+        self.eos = sorted(eos_ids)
+        self.matchers: list[Any] | None = None
+        self.errors: list[str] = []
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import llguidance
+        import numpy as np
+        import torch
+
+        rows, n_vocab = input_ids.shape[0], scores.shape[-1]
+        if self.matchers is None:
+            self.matchers = [llguidance.LLMatcher(self.lltok, self.grammar, log_level=0) for _ in range(rows)]
+        else:
+            for m, t in zip(self.matchers, input_ids[:, -1].tolist()):
+                if not m.is_stopped() and not m.consume_token(int(t)):
+                    self.errors.append(m.get_error())
+        allow = np.zeros((rows, n_vocab), dtype=bool)
+        for b, m in enumerate(self.matchers):
+            if m.is_stopped():
+                allow[b, self.eos] = True
+                continue
+            bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")
+            k = min(n_vocab, bits.shape[0])
+            allow[b, :k] = bits[:k].astype(bool)
+        return scores.masked_fill(~torch.from_numpy(allow).to(scores.device), float("-inf"))
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:

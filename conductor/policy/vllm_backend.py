@@ -6,6 +6,12 @@ template is applied with the engine's own tokenizer, ``SamplingParams(n=...,
 logprobs=0)`` returns exactly the sampled tokens' log-probs, and the engine is
 asked for ``processed_logprobs`` (after temperature/top-p) when it supports the
 option, to match the other backends' convention. vLLM is imported only here.
+
+Constrained decoding (``GenerationParams.grammar``, the project's GBNF workflow
+grammar): vLLM's structured outputs, ``SamplingParams(structured_outputs=
+StructuredOutputsParams(grammar=...))`` (vLLM >= 0.10.2; the older
+``guided_decoding=GuidedDecodingParams(grammar=...)`` before that, removed in
+0.12). Its default xgrammar backend reads GBNF (llguidance's reads it too).
 """
 
 from __future__ import annotations
@@ -48,8 +54,7 @@ class VLLMBackend:
     def sampling_params(self, n: int, params: GenerationParams) -> Any:
         from vllm import SamplingParams
 
-        return SamplingParams(n=n, temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_tokens,
-                              seed=params.seed, stop=list(params.stop) or None, logprobs=0 if params.logprobs else None)
+        return SamplingParams(**sampling_kwargs(n, params))
 
     def generate(self, prompts: list[str], n: int, params: GenerationParams) -> list[list[Generation]]:
         texts = [self.render(p) for p in prompts]
@@ -70,6 +75,28 @@ class VLLMBackend:
     def close(self) -> None:
         llm, self.llm = getattr(self, "llm", None), None
         del llm
+
+
+def sampling_kwargs(n: int, params: GenerationParams, sampling_module: Any = None) -> dict[str, Any]:
+    """``SamplingParams`` keyword arguments; a grammar becomes vLLM's structured-outputs constraint.
+
+    ``sampling_module`` is ``vllm.sampling_params`` (imported when None); its ``StructuredOutputsParams``
+    (vLLM >= 0.10.2) is preferred, else the older ``GuidedDecodingParams``.
+    """
+    kwargs: dict[str, Any] = dict(n=n, temperature=params.temperature, top_p=params.top_p,
+                                  max_tokens=params.max_tokens, seed=params.seed, stop=list(params.stop) or None,
+                                  logprobs=0 if params.logprobs else None)
+    if params.grammar:
+        if sampling_module is None:
+            import vllm.sampling_params as sampling_module
+        if hasattr(sampling_module, "StructuredOutputsParams"):
+            kwargs["structured_outputs"] = sampling_module.StructuredOutputsParams(grammar=params.grammar)
+        elif hasattr(sampling_module, "GuidedDecodingParams"):
+            kwargs["guided_decoding"] = sampling_module.GuidedDecodingParams(grammar=params.grammar)
+        else:
+            raise ValueError("vllm backend: this vLLM has neither StructuredOutputsParams nor GuidedDecodingParams; "
+                             "constrained decoding needs vLLM >= 0.6")
+    return kwargs
 
 
 def _chosen_logprobs(token_ids: list[int], per_position: Any) -> list[float] | None:
