@@ -188,3 +188,82 @@ def test_markdown_wrapped_choice_is_the_letter(response):
 def test_markdown_wrapped_wrong_choice_is_wrong():
     res = get_grader("mcq").grade(MCQ, "The most effective method for sterilising it is to **C**.")
     assert (res.correct, res.extracted) == (False, "C")
+
+
+# --------------------------------------------------------------------------- code rewards that exit early (#17 item 3)
+
+ADD_ONE = {"tests": "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(41) == 42\n",
+           "entry_point": "add_one"}
+
+
+@pytest.fixture(scope="module")
+def code_grader() -> CodeGrader:
+    return CodeGrader(Sandbox(Limits(wall_s=10, memory_mb=512)))
+
+
+def test_a_right_solution_still_passes(code_grader):
+    res = code_grader.grade(ADD_ONE, "```python\ndef add_one(x):\n    return x + 1\n```")
+    assert (res.correct, res.error) == (True, None), res
+
+
+@pytest.mark.parametrize("name,solution", [
+    ("sys.exit(0) before the tests", "import sys\ndef add_one(x):\n    return 0\nsys.exit(0)\n"),
+    ("os._exit(0) before the tests", "import os\ndef add_one(x):\n    return 0\nos._exit(0)\n"),
+    ("an atexit exit", "import atexit, os\natexit.register(lambda: os._exit(0))\ndef add_one(x):\n    return 0\n"),
+    ("an atexit exit that hides the traceback", "import atexit, os, sys\nsys.stderr = open(os.devnull, 'w')\n"
+     "atexit.register(os._exit, 0)\ndef add_one(x):\n    return 0\n"),
+    ("sys.exit(0) inside the candidate", "import sys\ndef add_one(x):\n    sys.exit(0)\n"),
+    ("raise SystemExit caught nowhere", "def add_one(x):\n    raise SystemExit(0)\n"),
+    ("an always-equal object", "class Same:\n    def __eq__(self, other):\n        return True\n"
+     "def add_one(x):\n    return Same()\n"),
+    ("an always-equal int subclass", "class Same(int):\n    def __eq__(self, other):\n        return True\n"
+     "    __hash__ = int.__hash__\ndef add_one(x):\n    return Same(0)\n"),
+    ("unittest.mock.ANY", "from unittest.mock import ANY\ndef add_one(x):\n    return ANY\n"),
+    ("a list of always-equal objects", "class Same:\n    def __eq__(self, other):\n        return True\n"
+     "def add_one(x):\n    return [Same()]\n"),
+    ("killing the harness", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\ndef add_one(x):\n    return 0\n"),
+    ("rewriting the tests' assertion helpers", "import builtins\nbuiltins.AssertionError = type('Nope', (Exception,), {})\n"
+     "def add_one(x):\n    return 0\n"),
+])
+def test_exiting_early_or_rigging_equality_fails(code_grader, name, solution):
+    res = code_grader.grade(ADD_ONE, f"```python\n{solution}```")
+    assert res.correct is False and res.error is None, (name, res)
+
+
+THIEF = r'''
+import glob, os, re
+found = []
+for path in ["token", "tests.py", *glob.glob("/proc/*/cmdline"), *glob.glob("/proc/*/environ")]:
+    try:
+        found.append(open(path, "rb").read().decode("latin-1"))
+    except OSError:
+        pass
+try:                                            # the harness's memory: the token is there somewhere
+    ppid = os.getppid()
+    with open(f"/proc/{ppid}/maps") as maps, open(f"/proc/{ppid}/mem", "rb") as mem:
+        for line in maps:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            try:
+                mem.seek(lo)
+                found.append(mem.read(min(hi - lo, 1 << 24)).decode("latin-1"))
+            except (OSError, ValueError, OverflowError):
+                pass
+except OSError:
+    pass
+for blob in found:
+    for tok in set(re.findall(r"[0-9a-f]{32}", blob)):
+        print(tok)
+def add_one(x):
+    return 0
+'''
+
+
+def test_the_token_cannot_be_stolen_from_files_or_the_harness_memory(code_grader):
+    res = code_grader.grade(ADD_ONE, f"```python\n{THIEF}```")
+    assert res.correct is False and res.error is None, res
+
+
+def test_stdin_stdout_items_still_accept_an_exit_after_the_right_output(code_grader):
+    q = {"tests": [{"input": "2\n", "output": "3\n"}]}
+    assert code_grader.grade(q, "```python\nimport sys\nprint(int(input()) + 1)\nsys.exit(0)\n```").correct
+    assert not code_grader.grade(q, "```python\nimport sys\nsys.exit(0)\nprint(int(input()) + 1)\n```").correct

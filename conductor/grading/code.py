@@ -5,12 +5,18 @@ called on ``entry_point``) and LiveCodeBench stdin/stdout (``tests`` is a list o
 ``{"input": ..., "output": ...}``; every case must print the expected output).
 A run that times out, crashes or exceeds a limit is a wrong answer; a sandbox
 that could not start is an infrastructure error.
+
+Function-style items pass only when the trusted harness (``harness.py``) prints the run's secret
+token after every test ran, never on an exit status alone: see that module for why and how.
 """
 
 from __future__ import annotations
 
 import re
+import secrets
 from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from conductor.extract import code_block
@@ -19,10 +25,35 @@ from conductor.questions import Question
 from conductor.sandbox import Limits, Sandbox, SandboxResult, default_sandbox
 
 
+def solution_source(code: str, entry_point: str | None, prompt: str | None = None) -> str:
+    """The program for a function-style item. The function prompt goes in front: a body-only
+    completion continues it; a full solution follows it (so imports and helper functions the
+    prompt defines, like ``List``, stay available).
+
+    >>> print(solution_source("    return x\\n", "f", "def f(x):\\n"), end="")
+    def f(x):
+        return x
+    """
+    if prompt:
+        if entry_point and not re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", code, re.M):
+            return prompt + code                  # a body-only completion
+        return f"{prompt.rstrip()}\n\n\n{code}"   # keeps the prompt's imports and helpers; the solution redefines
+    return code
+
+
+@lru_cache(maxsize=1)
+def _harness_text() -> str:
+    return Path(__file__).with_name("harness.py").read_text()
+
+
+def harness_program(entry_point: str | None) -> str:
+    """``main.py`` of a function-style run: the harness, told which function ``check`` receives."""
+    return f"{_harness_text()}\n\nif __name__ == \"__main__\":\n    main({entry_point!r})\n"
+
+
 def humaneval_program(code: str, tests: str, entry_point: str | None, prompt: str | None = None) -> str:
-    """The script run for a function-style item: solution, the tests, then ``check(entry_point)``.
-    The function prompt goes in front: a body-only completion continues it; a full solution follows
-    it (so imports and helper functions the prompt defines, like ``List``, stay available).
+    """The whole item as one plain script (solution, tests, ``check(entry_point)``), for reading and
+    for running by hand; grading runs it through the harness instead, which an exit cannot fool.
 
     >>> print(humaneval_program("def f(x):\\n    return x\\n", "def check(c):\\n    assert c(1) == 1\\n", "f"))
     def f(x):
@@ -36,11 +67,7 @@ def humaneval_program(code: str, tests: str, entry_point: str | None, prompt: st
     check(f)
     <BLANKLINE>
     """
-    if prompt:
-        if entry_point and not re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", code, re.M):
-            code = prompt + code                  # a body-only completion
-        else:
-            code = f"{prompt.rstrip()}\n\n\n{code}"  # keeps the prompt's imports and helpers; the solution redefines
+    code = solution_source(code, entry_point, prompt)
     program = f"{code.rstrip()}\n\n\n{tests.rstrip()}\n"
     if entry_point:
         program += f"\n\ncheck({entry_point})\n"
@@ -92,11 +119,7 @@ class CodeGrader:
             return GradeResult(False, None, None, "no code found")
         tests = q.tests
         if isinstance(tests, str) and tests.strip():
-            prompt = q.metadata.get("function_prompt")
-            result = self.sandbox.run(humaneval_program(code, tests, q.entry_point, prompt), limits=self.limits)
-            if result.status == "infra":
-                return GradeResult(False, code, f"sandbox: {result.detail}")
-            return GradeResult(result.ok, code, None, None if result.ok else _failure(result))
+            return self._function_tests(q, code, tests)
         if isinstance(tests, list) and tests:
             for n, case in enumerate(tests):
                 if not isinstance(case, Mapping) or "input" not in case or "output" not in case:
@@ -113,6 +136,17 @@ class CodeGrader:
                     return verdict
             return GradeResult(True, code)
         return GradeResult(False, code, "question has no tests")
+
+    def _function_tests(self, q: Question, code: str, tests: str) -> GradeResult:
+        """Right only if the harness printed this run's token, i.e. every test ran and passed."""
+        token = secrets.token_hex(16)
+        files = {"solution.py": solution_source(code, q.entry_point, q.metadata.get("function_prompt")),
+                 "tests.py": tests, "token": token}
+        result = self.sandbox.run(harness_program(q.entry_point), files=files, limits=self.limits)
+        if result.status == "infra":
+            return GradeResult(False, code, f"sandbox: {result.detail}")
+        passed = token in result.stdout
+        return GradeResult(passed, code, None, None if passed else _failure(result))
 
 
 register_grader("code")(CodeGrader)
