@@ -16,14 +16,41 @@ if TYPE_CHECKING:
     from conductor.trajectory import CallRecord, Trajectory
 
 
-def call_cost(worker: "Worker", input_tokens: int, output_tokens: int) -> float:
+BATCH_DISCOUNT = 0.5   # OpenAI Batch, Anthropic Message Batches and Gemini batch mode all bill half the list price
+
+
+def call_cost(worker: "Worker", input_tokens: int, output_tokens: int, *, cached_input_tokens: int = 0,
+              batch: bool = False) -> float:
     """Dollars for one call of ``worker``.
 
+    ``cached_input_tokens`` (a part of ``input_tokens``) are billed at ``cached_input_per_mtok`` (default: the
+    input price); ``batch`` bills at the batch prices (default: half the list prices), prompt-cache reads at the
+    cached price scaled by the same batch ratio as input.
+
     >>> from conductor.pool import Worker, Price
-    >>> call_cost(Worker(name="w", provider="openai", model="m", price=Price(input_per_mtok=2, output_per_mtok=8)), 1000, 500)
+    >>> w = Worker(name="w", provider="openai", model="m", price=Price(input_per_mtok=2, output_per_mtok=8))
+    >>> call_cost(w, 1000, 500)
     0.006
+    >>> call_cost(w, 1000, 500, batch=True)
+    0.003
+    >>> c = Worker(name="c", provider="openai", model="m",
+    ...            price=Price(input_per_mtok=2, output_per_mtok=8, cached_input_per_mtok=0.5))
+    >>> call_cost(c, 1000, 500, cached_input_tokens=400), call_cost(c, 1000, 500, cached_input_tokens=400, batch=True)
+    (0.0054, 0.0027)
     """
-    return worker.price.cost(input_tokens, output_tokens)
+    p = worker.price
+    if not cached_input_tokens and not batch:
+        return p.cost(input_tokens, output_tokens)
+    in_rate, out_rate = p.input_per_mtok, p.output_per_mtok
+    cached_rate = p.cached_input_per_mtok if p.cached_input_per_mtok is not None else in_rate
+    if batch:
+        b_in = p.batch_input_per_mtok if p.batch_input_per_mtok is not None else in_rate * BATCH_DISCOUNT
+        b_out = p.batch_output_per_mtok if p.batch_output_per_mtok is not None else out_rate * BATCH_DISCOUNT
+        cached_rate *= (b_in / in_rate) if in_rate else BATCH_DISCOUNT
+        in_rate, out_rate = b_in, b_out
+    cached = min(max(cached_input_tokens, 0), input_tokens)
+    dollars = (input_tokens - cached) * in_rate + cached * cached_rate + output_tokens * out_rate
+    return round(dollars / 1e6, 10)
 
 
 @dataclass

@@ -8,12 +8,21 @@ Routes (what the SDKs call):
   POST /v1/chat/completions                  OpenAI chat completions (base_url .../v1)
   POST /v1/messages                          Anthropic messages (base_url = root)
   POST /v1beta/models/{model}:generateContent  Gemini (http_options base_url = root)
+Batch APIs (processing delay, partial failures, expiry and cancellation; see ``_Batch``):
+  POST /v1/files, GET /v1/files/{id}[/content], POST /v1/batches, GET /v1/batches[/{id}],
+  POST /v1/batches/{id}/cancel                 OpenAI Batch API (JSONL input file, output/error files)
+  POST /v1/messages/batches, GET /v1/messages/batches/{id}[/results], POST .../{id}/cancel
+                                               Anthropic Message Batches (JSONL results)
+  POST /v1beta/models/{model}:batchGenerateContent, GET /v1beta/batches/{id}, POST /v1beta/batches/{id}:cancel
+                                               Gemini batch mode (inlined requests and responses; also
+                                               under /v1, the SDK's default API version)
 Control:
   GET  /_emulator/stats     request counts per route and outcome
   GET  /_emulator/requests  the last request bodies (to check what an SDK sent)
   GET  /_emulator/arrivals  monotonic arrival time of every request (rate measurements)
   POST /_emulator/config    merge settings (see ``EmulatorConfig``)
-  POST /_emulator/reset     zero the counters and fault state
+  POST /_emulator/reset     zero the counters and fault state (and forget batches and files)
+  GET  /_emulator/batches   every batch created: id, route, status, custom ids
 
 Replies are echo-style by default and deterministic: ``reply from <model> to
 <digest of the messages>``, so equal inputs give equal outputs and a test can
@@ -22,7 +31,9 @@ replies match a substring of the prompt. Faults come from a fault plan in the
 config or from magic text in the prompt: ``[[fault:429]]``, ``[[fault:500]]``,
 ``[[fault:hang]]``, ``[[fault:malformed]]``, ``[[fault:badschema]]``,
 ``[[fault:empty]]``, ``[[fault:401]]``, ``[[fault:400]]``; ``[[fault:429*2]]``
-fails the first two requests with that exact body and then succeeds.
+fails the first two requests with that exact body and then succeeds. In batches, ``[[batchfault:error]]``
+fails a request (HTTP 500 inside the results) and ``[[batchfault:expire]]`` leaves it unprocessed until its
+batch expires; ``*N`` limits either to the request's first N submissions.
 
 Run: ``python -m conductor.emulator --port 8765 --latency 0.05 --rpm 6000``.
 """
@@ -33,6 +44,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import math
 import random
 import re
 import threading
@@ -56,10 +68,14 @@ class EmulatorConfig:
     retry_after_s: float = 0.2          # Retry-After sent with fault 429s
     hang_s: float = 3600.0              # how long a hang lasts
     api_key: str | None = None          # when set, other keys get 401 (the body echoes the key, as real APIs partly do)
-    scripted: list[dict[str, str]] = field(default_factory=list)   # [{"match": substr, "reply": text}]
+    scripted: list[dict[str, str]] = field(default_factory=list)   # [{"match": substr, "reply": text, "model"?: m}]
     faults: list[dict[str, Any]] = field(default_factory=list)     # [{"kind","route"?,"match"?,"count"?,"p"?}]
     seed: int = 0
     reply_prefix: str = ""              # prepended to echo replies (e.g. to make them long)
+    cached_input_fraction: float = 0.0  # share of prompt tokens reported as prompt-cache reads
+    batch_delay_s: float = 0.0          # a batch's processing time; its requests finish evenly across it
+    batch_window_s: float | None = None # a batch expires this long after creation (unfinished requests expire)
+    batch_error_p: float = 0.0          # each batched request fails (HTTP 500 in its result) with this probability
 
 
 @dataclass
@@ -110,6 +126,9 @@ class EmulatorState:
         self.first_arrival: float | None = None    # time.monotonic() of the first/last request since reset
         self.last_arrival: float | None = None
         self.arrivals: deque[float] = deque(maxlen=200_000)   # every arrival time (rate measurements)
+        self.files: dict[str, tuple[str, str, bytes]] = {}     # id -> (filename, purpose, content)
+        self.batches: dict[str, _Batch] = {}
+        self.batch_seen: Counter[str] = Counter()              # request body hash -> batch submissions
 
     def configure(self, patch: dict[str, Any]) -> None:
         names = {f.name for f in fields(EmulatorConfig)}
@@ -154,7 +173,7 @@ class EmulatorState:
 
     def reply_text(self, req: _Req) -> str:
         for s in self.config.scripted:
-            if s.get("match", "") in req.text:
+            if s.get("match", "") in req.text and s.get("model", req.model) == req.model:
                 return s["reply"]
         digest = hashlib.sha256((req.system + "\x1e" + req.text).encode()).hexdigest()[:12]
         return f"{self.config.reply_prefix}reply from {req.model} to {digest}"
@@ -215,8 +234,9 @@ def _error_body(route: str, status: int, message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": etype, "code": None, "param": None}}
 
 
-def _success_body(req: _Req, text: str) -> dict[str, Any]:
+def _success_body(req: _Req, text: str, cached_fraction: float = 0.0) -> dict[str, Any]:
     in_tok = _tokens(req.system + req.text)
+    cached = int(in_tok * cached_fraction)          # prompt-cache reads, reported each provider's way
     truncated = req.max_tokens is not None and _tokens(text) > int(req.max_tokens)
     if truncated:
         text = text[: int(req.max_tokens) * 4]
@@ -227,28 +247,495 @@ def _success_body(req: _Req, text: str) -> dict[str, Any]:
         if req.thinking:
             content.append({"type": "thinking", "thinking": "thinking...", "signature": "emulator"})
         content.append({"type": "text", "text": text})
+        a_usage: dict[str, Any] = {"input_tokens": in_tok - cached, "output_tokens": out_tok}
+        if cached:
+            a_usage["cache_read_input_tokens"] = cached
         return {"id": f"msg_{created}", "type": "message", "role": "assistant", "model": req.model,
                 "content": content, "stop_reason": "max_tokens" if truncated else "end_turn",
-                "stop_sequence": None, "usage": {"input_tokens": in_tok, "output_tokens": out_tok}}
+                "stop_sequence": None, "usage": a_usage}
     if req.route == "gemini":
         thoughts = 8 if req.thinking else 0
         usage = {"promptTokenCount": in_tok, "candidatesTokenCount": out_tok,
                  "totalTokenCount": in_tok + out_tok + thoughts}
         if thoughts:
             usage["thoughtsTokenCount"] = thoughts
+        if cached:
+            usage["cachedContentTokenCount"] = cached
         return {"candidates": [{"content": {"parts": [{"text": text}], "role": "model"},
                                 "finishReason": "MAX_TOKENS" if truncated else "STOP", "index": 0}],
                 "usageMetadata": usage, "modelVersion": req.model}
+    o_usage: dict[str, Any] = {"prompt_tokens": in_tok, "completion_tokens": out_tok, "total_tokens": in_tok + out_tok}
+    if cached:
+        o_usage["prompt_tokens_details"] = {"cached_tokens": cached}
     return {"id": f"chatcmpl-{created}", "object": "chat.completion", "created": created, "model": req.model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                          "finish_reason": "length" if truncated else "stop"}],
-            "usage": {"prompt_tokens": in_tok, "completion_tokens": out_tok, "total_tokens": in_tok + out_tok}}
+            "usage": o_usage}
 
 
 def _bad_schema(route: str) -> dict[str, Any]:
     return {"anthropic": {"type": "message", "content": "nope"},
             "gemini": {"candidates": "nope", "usageMetadata": []},
             "openai": {"object": "chat.completion", "choices": [{"index": 0, "message": None}]}}[route]
+
+
+# ------------------------------------------------------------- batch APIs
+
+_BATCH_FAULT_RE = re.compile(r"\[\[batchfault:(error|expire)(?:\*(\d+))?\]\]")
+_ANTHROPIC_CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+_GEMINI_BATCH_TYPE = "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch"
+
+
+@dataclass
+class _Item:
+    custom_id: str
+    req: _Req
+    fate: str                  # "ok" | "error" | "stuck" (never processed: it expires or is cancelled)
+    due: float                 # monotonic time its processing finishes
+    reply: dict[str, Any]      # the provider's success body (used when fate == "ok")
+    metadata: dict[str, Any] | None = None
+
+
+class _Batch:
+    """One batch: its requests finish evenly across ``batch_delay_s``; expiry or cancellation cuts off the rest.
+
+    A request that is stuck (``[[batchfault:expire]]``) keeps the batch running until it expires: at
+    ``batch_window_s`` if set, else at the end of the delay.
+    """
+
+    def __init__(self, bid: str, route: str, model: str, items: list[_Item], cfg: EmulatorConfig, **extra: Any):
+        self.id, self.route, self.model, self.items = bid, route, model, items
+        self.extra = extra                       # endpoint, input_file_id, metadata, display_name, results_url
+        self.created = time.monotonic()
+        self.created_wall = time.time()
+        n = max(len(items), 1)
+        for i, it in enumerate(items):
+            it.due = self.created + cfg.batch_delay_s * (i + 1) / n if it.fate != "stuck" else math.inf
+        self.done_at = max((it.due for it in items), default=self.created)
+        window = cfg.batch_window_s
+        if window is None and self.done_at == math.inf:
+            window = cfg.batch_delay_s
+        self.expires_at = self.created + window if window is not None else math.inf
+        self.cancelled_at = math.inf
+        self.output_files: tuple[str | None, str | None] | None = None
+
+    def end(self) -> float:
+        return min(self.done_at, self.expires_at, self.cancelled_at)
+
+    def ended(self, now: float) -> bool:
+        return now >= self.end()
+
+    def reason(self) -> str:
+        """completed | expired | cancelled (for an ended batch)."""
+        if self.done_at <= min(self.expires_at, self.cancelled_at):
+            return "completed"
+        return "cancelled" if self.cancelled_at <= self.expires_at else "expired"
+
+    def outcome(self, it: _Item) -> str:
+        """ok | error | expired | cancelled, once the batch has ended."""
+        if it.due <= self.end():
+            return it.fate
+        return "cancelled" if self.reason() == "cancelled" else "expired"
+
+    def counts(self) -> Counter[str]:
+        return Counter(self.outcome(it) for it in self.items)
+
+    def wall(self, t: float) -> float:
+        return self.created_wall + (t - self.created)
+
+    def summary(self, now: float) -> dict[str, Any]:
+        return {"id": self.id, "route": self.route, "model": self.model,
+                "status": self.reason() if self.ended(now) else "in_progress",
+                "custom_ids": [it.custom_id for it in self.items]}
+
+
+def _iso(t: float) -> str:
+    import datetime as _dt
+
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _batch_item(state: EmulatorState, custom_id: str, req: _Req, body: Any, metadata: Any = None) -> _Item:
+    """Decide a request's fate (deterministic per body and submission count) and its reply."""
+    h = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+    state.batch_seen[h] += 1
+    n = state.batch_seen[h]
+    fate = "ok"
+    m = _BATCH_FAULT_RE.search(req.text)
+    if m and (m.group(2) is None or n <= int(m.group(2))):
+        fate = "error" if m.group(1) == "error" else "stuck"
+    elif state.config.batch_error_p and random.Random(f"{state.config.seed}:{h}:{n}").random() < state.config.batch_error_p:
+        fate = "error"
+    reply = _success_body(req, state.reply_text(req), state.config.cached_input_fraction) if fate == "ok" else {}
+    state.recent.append({"route": req.route, "model": req.model, "body": body, "batch": True})
+    return _Item(custom_id, req, fate, 0.0, reply, metadata)
+
+
+def _new_id(state: EmulatorState, prefix: str) -> str:
+    state.counts["_ids"] += 1
+    return f"{prefix}{state.counts['_ids']:06d}{state.rng.getrandbits(32):08x}"
+
+
+# -- OpenAI: files + batches --
+
+def _openai_batch_view(state: EmulatorState, b: _Batch) -> dict[str, Any]:
+    now = time.monotonic()
+    ended = b.ended(now)
+    status = "in_progress"
+    out_id = err_id = None
+    if b.extra.get("errors"):
+        status = "failed"
+    elif ended:
+        status = b.reason()
+        out_id, err_id = _openai_output_files(state, b)
+    elif b.cancelled_at != math.inf:
+        status = "cancelling"
+    c = b.counts() if ended else Counter()
+    stamp = {"completed": "completed_at", "expired": "expired_at", "cancelled": "cancelled_at"}
+    view: dict[str, Any] = {
+        "id": b.id, "object": "batch", "endpoint": b.extra.get("endpoint"), "input_file_id": b.extra.get("input_file_id"),
+        "completion_window": "24h", "status": status, "output_file_id": out_id, "error_file_id": err_id,
+        "created_at": int(b.created_wall), "in_progress_at": int(b.created_wall),
+        "expires_at": int(b.created_wall + 86400), "metadata": b.extra.get("metadata"), "model": b.model,
+        "errors": {"object": "list", "data": b.extra["errors"]} if b.extra.get("errors") else None,
+        "request_counts": {"total": len(b.items), "completed": c["ok"],
+                           "failed": (len(b.items) - c["ok"]) if ended else 0}}
+    if status in stamp:
+        view[stamp[status]] = int(b.wall(b.end()))
+    return view
+
+
+def _openai_output_files(state: EmulatorState, b: _Batch) -> tuple[str | None, str | None]:
+    """Write the output and error JSONL files once the batch has ended (ids are stable)."""
+    if b.output_files is None:
+        out, err = [], []
+        for i, it in enumerate(b.items):
+            line: dict[str, Any] = {"id": f"batch_req_{b.id}_{i}", "custom_id": it.custom_id, "response": None,
+                                    "error": None}
+            o = b.outcome(it)
+            if o == "ok":
+                line["response"] = {"status_code": 200, "request_id": f"req_{i}", "body": it.reply}
+                out.append(line)
+                continue
+            if o == "error":
+                line["response"] = {"status_code": 500, "request_id": f"req_{i}",
+                                    "body": _error_body("openai", 500, "The server had an error processing your request")}
+            else:
+                code = "batch_expired" if o == "expired" else "batch_cancelled"
+                line["error"] = {"code": code, "message": f"This request was not executed: the batch was {o}."}
+            err.append(line)
+        ids: list[str | None] = []
+        for kind, lines in (("out", out), ("err", err)):
+            if not lines:
+                ids.append(None)
+                continue
+            fid = f"file-{b.id}-{kind}"
+            state.files[fid] = (f"{b.id}_{kind}.jsonl", "batch_output",
+                                b"".join(json.dumps(x).encode() + b"\n" for x in lines))
+            ids.append(fid)
+        b.output_files = (ids[0], ids[1])
+    return b.output_files
+
+
+def _openai_batch_create(state: EmulatorState, body: dict[str, Any], headers: Any) -> tuple[int, dict[str, Any]]:
+    fid = body.get("input_file_id")
+    if fid not in state.files:
+        return 404, _error_body("openai", 404, f"No such File object: {fid}")
+    endpoint = body.get("endpoint", "")
+    items: list[_Item] = []
+    errors: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    models: set[str] = set()
+    for n, raw in enumerate(state.files[fid][2].splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            line = json.loads(raw)
+            cid, url, inner = line["custom_id"], line["url"], line["body"]
+        except (ValueError, KeyError, TypeError):
+            errors.append({"code": "invalid_json_line", "message": "not a batch request line", "line": n})
+            continue
+        if cid in seen:
+            errors.append({"code": "duplicate_custom_id", "message": f"custom_id {cid} repeats", "line": n})
+        if url != endpoint:
+            errors.append({"code": "mismatched_endpoint", "message": f"url {url} is not {endpoint}", "line": n})
+        seen.add(cid)
+        models.add(str(inner.get("model")))
+        items.append(_batch_item(state, cid, _openai_req(inner, headers), inner))
+    if len(models) > 1:
+        errors.append({"code": "model_mismatch", "message": "every request in a batch must use the same model",
+                       "line": None})
+    b = _Batch(_new_id(state, "batch_"), "openai", models.pop() if len(models) == 1 else "", items, state.config,
+               endpoint=endpoint, input_file_id=fid, metadata=body.get("metadata"), errors=errors)
+    state.batches[b.id] = b
+    return 200, _openai_batch_view(state, b)
+
+
+# -- Anthropic: message batches --
+
+def _anthropic_batch_view(b: _Batch, base: str) -> dict[str, Any]:
+    now = time.monotonic()
+    ended = b.ended(now)
+    c = b.counts() if ended else Counter()
+    status = "ended" if ended else ("canceling" if b.cancelled_at != math.inf else "in_progress")
+    return {"id": b.id, "type": "message_batch", "processing_status": status,
+            "request_counts": {"processing": 0 if ended else len(b.items), "succeeded": c["ok"], "errored": c["error"],
+                               "canceled": c["cancelled"], "expired": c["expired"]},
+            "created_at": _iso(b.created_wall), "expires_at": _iso(b.created_wall + 86400),
+            "ended_at": _iso(b.wall(b.end())) if ended else None, "archived_at": None,
+            "cancel_initiated_at": _iso(b.wall(b.cancelled_at)) if b.cancelled_at != math.inf else None,
+            "results_url": f"{base}/v1/messages/batches/{b.id}/results" if ended else None}
+
+
+def _anthropic_results(b: _Batch) -> bytes:
+    lines = []
+    for it in b.items:
+        o = b.outcome(it)
+        if o == "ok":
+            result: dict[str, Any] = {"type": "succeeded", "message": it.reply}
+        elif o == "error":
+            result = {"type": "errored", "error": {"type": "error", "error": {"type": "api_error",
+                                                                              "message": "Internal server error"}}}
+        else:
+            result = {"type": "canceled" if o == "cancelled" else "expired"}
+        lines.append(json.dumps({"custom_id": it.custom_id, "result": result}).encode() + b"\n")
+    return b"".join(lines)
+
+
+def _anthropic_batch_create(state: EmulatorState, body: dict[str, Any], headers: Any) -> tuple[int, dict[str, Any] | _Batch]:
+    reqs = body.get("requests")
+    if not isinstance(reqs, list) or not reqs:
+        return 400, _error_body("anthropic", 400, "requests: a non-empty list is required")
+    seen: set[str] = set()
+    items = []
+    for i, r in enumerate(reqs):
+        cid = str(r.get("custom_id", ""))
+        if not _ANTHROPIC_CUSTOM_ID.match(cid) or cid in seen:
+            return 400, _error_body("anthropic", 400, f"requests.{i}.custom_id: must be unique and match "
+                                                      "^[a-zA-Z0-9_-]{1,64}$")
+        seen.add(cid)
+        params = r.get("params") or {}
+        items.append(_batch_item(state, cid, _anthropic_req(params, headers), params))
+    b = _Batch(_new_id(state, "msgbatch_"), "anthropic", "", items, state.config)
+    state.batches[b.id] = b
+    return 200, b
+
+
+# -- Gemini: batch mode --
+
+_GRPC = {"error": (13, "Internal error encountered."), "expired": (4, "The batch expired before this request ran."),
+         "cancelled": (1, "The batch was cancelled before this request ran.")}
+
+
+def _gemini_batch_view(b: _Batch) -> dict[str, Any]:
+    now = time.monotonic()
+    ended = b.ended(now)
+    state_name = {"completed": "BATCH_STATE_SUCCEEDED", "expired": "BATCH_STATE_EXPIRED",
+                  "cancelled": "BATCH_STATE_CANCELLED"}[b.reason()] if ended else "BATCH_STATE_RUNNING"
+    c = b.counts() if ended else Counter()
+    meta: dict[str, Any] = {
+        "@type": _GEMINI_BATCH_TYPE, "name": f"batches/{b.id}", "model": f"models/{b.model}",
+        "displayName": b.extra.get("display_name", ""), "createTime": _iso(b.created_wall),
+        "updateTime": _iso(b.wall(min(now, b.end()))), "state": state_name,
+        "batchStats": {"requestCount": str(len(b.items)), "successfulRequestCount": str(c["ok"]),
+                       "failedRequestCount": str(len(b.items) - c["ok"]) if ended else "0",
+                       "pendingRequestCount": "0" if ended else str(len(b.items))}}
+    if ended:
+        meta["endTime"] = _iso(b.wall(b.end()))
+        responses = []
+        for it in b.items:
+            o = b.outcome(it)
+            entry: dict[str, Any] = {"response": it.reply} if o == "ok" else {
+                "error": {"code": _GRPC[o][0], "message": _GRPC[o][1]}}
+            if it.metadata is not None:
+                entry["metadata"] = it.metadata
+            responses.append(entry)
+        meta["output"] = {"inlinedResponses": {"inlinedResponses": responses}}
+    return {"name": f"batches/{b.id}", "metadata": meta, "done": ended}
+
+
+def _gemini_batch_create(state: EmulatorState, model: str, body: dict[str, Any], headers: Any) -> tuple[int, dict[str, Any]]:
+    batch = body.get("batch") or {}
+    reqs = (((batch.get("inputConfig") or {}).get("requests") or {}).get("requests"))
+    if not isinstance(reqs, list) or not reqs:
+        return 400, _error_body("gemini", 400, "batch.inputConfig.requests.requests: a non-empty list is required")
+    items = []
+    for i, r in enumerate(reqs):
+        inner = r.get("request") or {}
+        cid = str((r.get("metadata") or {}).get("custom_id", i))
+        items.append(_batch_item(state, cid, _gemini_req(model, inner, headers), inner, r.get("metadata")))
+    b = _Batch(_new_id(state, "gb"), "gemini", model, items, state.config, display_name=batch.get("displayName", ""))
+    state.batches[b.id] = b
+    return 200, _gemini_batch_view(b)
+
+
+def _key_check(state: EmulatorState, route: str, request: web.Request) -> web.Response | None:
+    """A 401 for a batch route called with the wrong key (when the emulator demands one)."""
+    h = request.headers
+    key = (h.get("x-goog-api-key") if route == "gemini" else h.get("x-api-key") if route == "anthropic" else None) \
+        or h.get("Authorization", "").removeprefix("Bearer ") or None
+    if state.config.api_key is not None and key != state.config.api_key:
+        state.counts[f"{route}:401"] += 1
+        return web.json_response(_error_body(route, 401, "invalid API key"), status=401)
+    return None
+
+
+def _add_batch_routes(app: web.Application, state: EmulatorState) -> None:
+
+    def batch_or_404(route: str, bid: str) -> _Batch | web.Response:
+        b = state.batches.get(bid)
+        if b is None or b.route != route:
+            return web.json_response(_error_body(route, 404, f"no batch {bid}"), status=404)
+        return b
+
+    async def guarded(request: web.Request, route: str, op: str, fn: Any) -> web.StreamResponse:
+        state.counts[f"{route}_batch:{op}"] += 1
+        return _key_check(state, route, request) or await fn()
+
+    # OpenAI
+    async def file_upload(request: web.Request) -> web.StreamResponse:
+        async def go() -> web.StreamResponse:
+            form = await request.post()
+            f = form.get("file")
+            if not isinstance(f, web.FileField):
+                return web.json_response(_error_body("openai", 400, "file: required"), status=400)
+            data = f.file.read()
+            fid = _new_id(state, "file-")
+            state.files[fid] = (f.filename or "upload.jsonl", str(form.get("purpose", "")), data)
+            return web.json_response(_file_view(fid, state.files[fid]))
+        return await guarded(request, "openai", "file_upload", go)
+
+    async def file_get(request: web.Request) -> web.StreamResponse:
+        fid = request.match_info["fid"]
+        if fid not in state.files:
+            return web.json_response(_error_body("openai", 404, f"No such File object: {fid}"), status=404)
+        return web.json_response(_file_view(fid, state.files[fid]))
+
+    async def file_content(request: web.Request) -> web.StreamResponse:
+        async def go() -> web.StreamResponse:
+            fid = request.match_info["fid"]
+            if fid not in state.files:
+                return web.json_response(_error_body("openai", 404, f"No such File object: {fid}"), status=404)
+            return web.Response(body=state.files[fid][2], content_type="application/octet-stream")
+        return await guarded(request, "openai", "file_content", go)
+
+    async def o_create(request: web.Request) -> web.StreamResponse:
+        async def go() -> web.StreamResponse:
+            status, body = _openai_batch_create(state, await request.json(), request.headers)
+            return web.json_response(body, status=status)
+        return await guarded(request, "openai", "create", go)
+
+    async def o_get(request: web.Request) -> web.StreamResponse:
+        found = state.batches.get(request.match_info["bid"])
+        if found is not None and found.route == "gemini":   # Gemini's v1 API shares this path
+            request.match_info["tail"] = found.id
+            return await g_get(request)
+
+        async def go() -> web.StreamResponse:
+            b = batch_or_404("openai", request.match_info["bid"])
+            return b if isinstance(b, web.Response) else web.json_response(_openai_batch_view(state, b))
+        return await guarded(request, "openai", "retrieve", go)
+
+    async def o_list(request: web.Request) -> web.StreamResponse:
+        data = [_openai_batch_view(state, b) for b in reversed(list(state.batches.values())) if b.route == "openai"]
+        return web.json_response({"object": "list", "data": data, "has_more": False,
+                                  "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None})
+
+    async def o_cancel(request: web.Request) -> web.StreamResponse:
+        async def go() -> web.StreamResponse:
+            b = batch_or_404("openai", request.match_info["bid"])
+            if isinstance(b, web.Response):
+                return b
+            if not b.ended(time.monotonic()):
+                b.cancelled_at = time.monotonic()
+            view = _openai_batch_view(state, b)
+            if view["status"] == "cancelled":
+                view["status"] = "cancelling"          # what the real API answers to the cancel call itself
+            return web.json_response(view)
+        return await guarded(request, "openai", "cancel", go)
+
+    # Anthropic
+    def base_of(request: web.Request) -> str:
+        return f"{request.scheme}://{request.host}"
+
+    async def a_create(request: web.Request) -> web.StreamResponse:
+        async def go() -> web.StreamResponse:
+            status, out = _anthropic_batch_create(state, await request.json(), request.headers)
+            if isinstance(out, _Batch):
+                return web.json_response(_anthropic_batch_view(out, base_of(request)))
+            return web.json_response(out, status=status)
+        return await guarded(request, "anthropic", "create", go)
+
+    async def a_get(request: web.Request) -> web.StreamResponse:
+        async def go() -> web.StreamResponse:
+            b = batch_or_404("anthropic", request.match_info["bid"])
+            return b if isinstance(b, web.Response) else web.json_response(_anthropic_batch_view(b, base_of(request)))
+        return await guarded(request, "anthropic", "retrieve", go)
+
+    async def a_results(request: web.Request) -> web.StreamResponse:
+        async def go() -> web.StreamResponse:
+            b = batch_or_404("anthropic", request.match_info["bid"])
+            if isinstance(b, web.Response):
+                return b
+            if not b.ended(time.monotonic()):
+                return web.json_response(_error_body("anthropic", 400, "batch has not ended"), status=400)
+            return web.Response(body=_anthropic_results(b), content_type="application/binary")
+        return await guarded(request, "anthropic", "results", go)
+
+    async def a_cancel(request: web.Request) -> web.StreamResponse:
+        async def go() -> web.StreamResponse:
+            b = batch_or_404("anthropic", request.match_info["bid"])
+            if isinstance(b, web.Response):
+                return b
+            if not b.ended(time.monotonic()):
+                b.cancelled_at = time.monotonic()
+            view = _anthropic_batch_view(b, base_of(request))
+            if view["processing_status"] == "ended" and b.reason() == "cancelled":
+                view.update(processing_status="canceling", results_url=None)
+            return web.json_response(view)
+        return await guarded(request, "anthropic", "cancel", go)
+
+    # Gemini (create goes through the models/{model}:method route)
+    async def g_get(request: web.Request) -> web.StreamResponse:
+        async def go() -> web.StreamResponse:
+            b = batch_or_404("gemini", request.match_info["tail"])
+            return b if isinstance(b, web.Response) else web.json_response(_gemini_batch_view(b))
+        return await guarded(request, "gemini", "retrieve", go)
+
+    async def g_cancel(request: web.Request) -> web.StreamResponse:
+        bid, _, method = request.match_info["tail"].partition(":")
+        if method != "cancel":
+            return web.json_response(_error_body("gemini", 404, f"unsupported method {method!r}"), status=404)
+
+        async def go() -> web.StreamResponse:
+            b = batch_or_404("gemini", bid)
+            if isinstance(b, web.Response):
+                return b
+            if not b.ended(time.monotonic()):
+                b.cancelled_at = time.monotonic()
+            return web.json_response({})
+        return await guarded(request, "gemini", "cancel", go)
+
+    app.router.add_post("/v1/files", file_upload)
+    app.router.add_get("/v1/files/{fid}", file_get)
+    app.router.add_get("/v1/files/{fid}/content", file_content)
+    app.router.add_post("/v1/batches", o_create)
+    app.router.add_get("/v1/batches", o_list)
+    app.router.add_get("/v1/batches/{bid}", o_get)
+    app.router.add_post("/v1/batches/{bid}/cancel", o_cancel)
+    app.router.add_post("/v1/messages/batches", a_create)
+    app.router.add_get("/v1/messages/batches/{bid}", a_get)
+    app.router.add_get("/v1/messages/batches/{bid}/results", a_results)
+    app.router.add_post("/v1/messages/batches/{bid}/cancel", a_cancel)
+    for version in ("v1beta", "v1"):    # the SDK's default API version is v1; v1beta is the documented one
+        if version == "v1beta":
+            app.router.add_get(f"/{version}/batches/{{tail}}", g_get)
+        app.router.add_post(f"/{version}/batches/{{tail}}", g_cancel)
+
+
+def _file_view(fid: str, f: tuple[str, str, bytes]) -> dict[str, Any]:
+    return {"id": fid, "object": "file", "bytes": len(f[2]), "created_at": int(time.time()), "filename": f[0],
+            "purpose": f[1], "status": "processed"}
 
 
 # ------------------------------------------------------------------ server
@@ -285,6 +772,16 @@ def make_app(state: EmulatorState) -> web.Application:
 
     async def gemini(request: web.Request) -> web.StreamResponse:
         model, _, method = request.match_info["tail"].partition(":")
+        if method == "batchGenerateContent":
+            async def create() -> web.StreamResponse:
+                try:
+                    body = await request.json()
+                except ValueError:
+                    return web.json_response(_error_body("gemini", 400, "request body is not JSON"), status=400)
+                status, out = _gemini_batch_create(state, model, body, request.headers)
+                return web.json_response(out, status=status)
+            state.counts["gemini_batch:create"] += 1
+            return _key_check(state, "gemini", request) or await create()
         if method != "generateContent":
             return web.json_response(_error_body("gemini", 404, f"unsupported method {method!r}"), status=404)
         return await handle(request, "gemini", model)
@@ -311,6 +808,10 @@ def make_app(state: EmulatorState) -> web.Application:
         state.reset()
         return web.json_response({"ok": True})
 
+    async def batches(_: web.Request) -> web.Response:
+        now = time.monotonic()
+        return web.json_response([b.summary(now) for b in state.batches.values()])
+
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/v1/chat/completions", openai)
     app.router.add_post("/chat/completions", openai)
@@ -322,6 +823,8 @@ def make_app(state: EmulatorState) -> web.Application:
     app.router.add_get("/_emulator/arrivals", arrivals)
     app.router.add_post("/_emulator/config", config)
     app.router.add_post("/_emulator/reset", reset)
+    app.router.add_get("/_emulator/batches", batches)
+    _add_batch_routes(app, state)
     return app
 
 
@@ -336,7 +839,7 @@ async def _respond(state: EmulatorState, req: _Req, route: str) -> web.StreamRes
     if fault is None or fault == "empty":
         text = "" if fault == "empty" else state.reply_text(req)
         state.counts[f"{route}:ok"] += 1
-        return web.json_response(_success_body(req, text))
+        return web.json_response(_success_body(req, text, cfg.cached_input_fraction))
     state.counts[f"{route}:{fault.split('@')[0]}"] += 1
     if fault.startswith("429"):
         wait = float(fault.split("@")[1]) if "@" in fault else cfg.retry_after_s
@@ -437,6 +940,10 @@ class Emulator:
 
     def requests(self) -> list[dict[str, Any]]:
         return self._call(lambda: list(self.state.recent))
+
+    def batches(self) -> list[dict[str, Any]]:
+        """Every batch created since the last reset: id, route, model, status and custom ids in order."""
+        return self._call(lambda: [b.summary(time.monotonic()) for b in self.state.batches.values()])
 
     def _call(self, fn: Any) -> Any:
         """Run ``fn`` on the server loop so state is never touched from two threads."""

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 ProviderName = Literal["openai", "anthropic", "google", "openai_compatible", "local", "conductor", "simulated",
                        "python", "vote"]
+BATCH_PROVIDERS = ("openai", "openai_compatible", "anthropic", "google")   # have a batch API adapter
 
 
 class PoolError(ValueError):
@@ -50,6 +51,10 @@ class Sampling(_Strict):
 class Price(_Strict):
     input_per_mtok: float = Field(0.0, ge=0)
     output_per_mtok: float = Field(0.0, ge=0)
+    # Optional tiers (conductor/cost.py): prompt-cache reads, and the providers' batch APIs (unset: half price).
+    cached_input_per_mtok: float | None = Field(None, ge=0)
+    batch_input_per_mtok: float | None = Field(None, ge=0)
+    batch_output_per_mtok: float | None = Field(None, ge=0)
 
     def cost(self, input_tokens: int, output_tokens: int) -> float:
         """Dollars for one call.
@@ -90,6 +95,7 @@ class Worker(_Strict):
     notes: str = ""
     options: dict[str, Any] = Field(default_factory=dict)   # provider-specific (e.g. simulated skills)
     sandbox: SandboxSpec | None = None                      # provider python only
+    batch: bool | None = None    # batch APIs (conductor/batch): true always, false never, unset: the run's --batch
 
     @field_validator("api_key_env")
     @classmethod
@@ -107,6 +113,13 @@ class Worker(_Strict):
         if self.sandbox is not None and self.sandbox.wall_s >= self.limits.timeout_s:
             raise ValueError(f"sandbox.wall_s ({self.sandbox.wall_s:g}) must be below limits.timeout_s "
                              f"({self.limits.timeout_s:g}): a slow program is an answer, not a timed-out call")
+        return self
+
+    @model_validator(mode="after")
+    def _batch_where_supported(self) -> "Worker":
+        if self.batch and self.provider not in BATCH_PROVIDERS:
+            raise ValueError(f"batch: true needs a provider with a batch API ({', '.join(BATCH_PROVIDERS)}), "
+                             f"not {self.provider}")
         return self
 
     @property
@@ -138,6 +151,9 @@ class Pool(_Strict):
     def fingerprint(self) -> str:
         """Content hash of everything that changes behaviour (not notes): detects a changed pool."""
         body = [w.model_dump(exclude={"notes"} if w.sandbox else {"notes", "sandbox"}) for w in self.workers]
+        for d in body:   # batch mode and unset price tiers change no answer: old fingerprints stay valid
+            d.pop("batch", None)
+            d["price"] = {k: v for k, v in d["price"].items() if v is not None}
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
     def worker(self, name: str) -> Worker:
