@@ -35,6 +35,7 @@ from conductor.cli import learn_cmd as _learn_cmd  # noqa: E402,F401
 from conductor.cli import deploy_cmd as _deploy_cmd  # noqa: E402,F401
 from conductor.cli import train_cmd as _train_cmd  # noqa: E402,F401
 from conductor.cli import exec_cmd as _exec_cmd  # noqa: E402,F401
+from conductor.cli import compare_cmd as _compare_cmd  # noqa: E402,F401
 
 
 def main() -> None:

@@ -45,23 +45,63 @@ def _save(fig, path: Path, bottom: float = 0.0) -> Path:
     return path
 
 
-def plot_accuracy_vs_cost(df: pl.DataFrame, path: Path) -> Path:
+def cost_axis_limits(costs: list[float]) -> tuple[float, float]:
+    """The cost axis: from 0 to a quarter past the dearest point (room for labels); (0, 1) when all are free.
+
+    >>> cost_axis_limits([0.0, 0.0]), cost_axis_limits([0.002, 0.004])
+    ((0.0, 1.0), (0.0, 0.005))
+    """
+    top = max(costs, default=0.0)
+    return 0.0, (top * 1.25 if top > 0 else 1.0)
+
+
+def point_labels(df: pl.DataFrame) -> list[str]:
+    """One label per row of an accuracy-vs-cost table: the columns that tell the points apart.
+
+    >>> point_labels(pl.DataFrame({"run_id": ["r1", "r2"], "checkpoint_id": ["fixed:0", "sc:0:5"], "dataset": ["g", "g"]}))
+    ['fixed:0', 'sc:0:5']
+    >>> point_labels(pl.DataFrame({"run_id": ["r1", "r1"], "checkpoint_id": ["c", "c"], "dataset": ["gsm8k", "mmlu"]}))
+    ['gsm8k', 'mmlu']
+    """
+    cols = [c for c in ("checkpoint_id", "run_id", "dataset") if c in df.columns and df[c].n_unique() > 1]
+    if "checkpoint_id" in cols and "run_id" in cols:
+        cols.remove("run_id")
+    cols = cols or [c for c in ("checkpoint_id", "dataset") if c in df.columns][:1]
+    return [" / ".join(str(r[c]) for c in cols) for r in df.iter_rows(named=True)]
+
+
+def plot_cost_points(points: list[tuple[str, float, float, int]], path: Path, *, xlabel: str,
+                     title: str = "Accuracy vs cost") -> Path:
+    """One labelled point per (label, cost, accuracy, n questions); the cost axis starts at 0 (costs are never
+    negative, and a lone free point must not sit mid-axis between negative and positive dollars)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    df = df.filter(pl.col("accuracy").is_not_null())
-    label_cols = [c for c in ("run_id", "checkpoint_id", "dataset") if c in df.columns]
-    for row in df.iter_rows(named=True):
-        ax.scatter(row["dollars_per_question"], row["accuracy"], s=20 + 4 * row["n_questions"] ** 0.5)
-        ax.annotate(" / ".join(str(row[c]) for c in label_cols), (row["dollars_per_question"], row["accuracy"]),
-                    fontsize=7, xytext=(3, 3), textcoords="offset points")
-    ax.margins(x=0.2, y=0.1)
-    ax.set_xlabel("dollars per question (mean over samples)")
+    for i, (label, x, y, n) in enumerate(points):
+        ax.scatter([x], [y], s=20 + 4 * max(n, 0) ** 0.5, color=f"C{i % 10}", zorder=3)
+        ax.annotate(label, (x, y), fontsize=7, xytext=(4, 4), textcoords="offset points")
+    ax.set_xlim(*cost_axis_limits([x for _, x, _, _ in points]))
+    ax.set_ylim(-0.02, 1.05)
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("accuracy")
-    ax.set_title("Accuracy vs cost")
+    ax.set_title(title + ("" if points else " (no graded runs)"))
     ax.grid(alpha=0.3)
     out = _save(fig, path)
     plt.close(fig)
     return out
+
+
+def plot_accuracy_vs_cost(df: pl.DataFrame, path: Path) -> Path:
+    """Accuracy against dollars per question, or against seconds when every point was free; each point is
+    labelled by what differs between the points (checkpoint or run, and dataset)."""
+    df = df.filter(pl.col("accuracy").is_not_null())
+    free = df.height == 0 or float(df["dollars_per_question"].fill_null(0).max()) <= 0  # type: ignore[arg-type]
+    xcol = "seconds_per_question" if free and "seconds_per_question" in df.columns else "dollars_per_question"
+    points = [(label, float(r[xcol] or 0.0), float(r["accuracy"]), int(r["n_questions"]))
+              for label, r in zip(point_labels(df), df.iter_rows(named=True))]
+    xlabel = ("seconds per question (workflow wall clock; every call was free)" if xcol == "seconds_per_question"
+              else "dollars per question (mean over samples)")
+    return plot_cost_points(points, path, xlabel=xlabel,
+                            title="Accuracy vs " + ("seconds" if xcol == "seconds_per_question" else "cost"))
 
 
 def plot_workflow_length(df: pl.DataFrame, path: Path) -> Path:

@@ -1,0 +1,187 @@
+"""Baselines as strategies: policies that write ordinary workflows, so every baseline runs through the very
+same pipeline as the conductor (prompt, parse, executor, cache, grader, lake) and their rows compare one to one.
+
+Specs (the ``--conductor`` family; ordinals are the pool's workers in manifest order):
+
+- ``fixed:i`` — worker i answers alone (``conductor.policy.fixed``);
+- ``sc:i:k`` — self-consistency: k independent samples of worker i, then a majority vote on the extracted
+  answers by a ``vote`` tool worker that this strategy appends to the pool (``conductor.providers.vote``);
+- ``moa:p1+p2+...:agg`` (or ``moa:p1,p2,...:agg``) — Mixture-of-Agents, one layer: the proposers answer
+  independently, the aggregator sees every proposal and writes the answer;
+- ``random[:seed[:max_steps]]`` — a random workflow per question: length uniform in 1..max_steps (default 5),
+  each step's worker uniform over the pool, each step's access list uniform over the subsets of earlier steps.
+
+Repeated calls of one worker get distinct subtasks ("independent attempt j of k"), so they are distinct
+requests with distinct cache keys: k samples never collapse into one cached reply, and a rerun reads back
+the same k replies. The first attempt's subtask is the single-worker subtask, so ``sc:i:k`` reuses
+``fixed:i``'s cached call. Strategies see the whole pool: do not combine them with ``--k`` sub-pools.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from conductor.policy.base import Generation, GenerationParams
+from conductor.policy.fixed import DIRECT_SUBTASK, FixedWorkflowPolicy
+from conductor.workflow import ALL, DEFAULT_MAX_STEPS, Step, Workflow
+
+if TYPE_CHECKING:
+    from conductor.pool import Pool
+
+VOTE_WORKER = "majority-vote"
+VOTE_SUBTASK = "Take a majority vote over the final answers above."
+AGGREGATE_SUBTASK = ("You are shown answers to the user question from several other models; some may be wrong. "
+                     "Check them critically, work out the correct answer, and write one final answer. "
+                     "Follow the question's instructions on the answer format exactly.")
+KINDS = ("fixed", "sc", "moa", "random")
+
+
+class StrategyError(ValueError):
+    """A strategy spec that cannot be used with this pool; the message is one line."""
+
+
+def is_strategy(spec: str) -> bool:
+    """True for the baseline specs this module builds.
+
+    >>> [is_strategy(s) for s in ("fixed:0", "sc:1:5", "moa:0+1:2", "random", "random:3", "embedded")]
+    [True, True, True, True, True, False]
+    """
+    return spec.partition(":")[0] in KINDS
+
+
+def attempt_subtask(j: int, k: int) -> str:
+    """The subtask of attempt j (0-based) of k: the first is the single-worker subtask itself.
+
+    >>> attempt_subtask(0, 3) == DIRECT_SUBTASK, attempt_subtask(2, 3).endswith("(Independent attempt 3 of 3.)")
+    (True, True)
+    """
+    return DIRECT_SUBTASK if j == 0 else f"{DIRECT_SUBTASK} (Independent attempt {j + 1} of {k}.)"
+
+
+def _ordinal(text: str, n: int, spec: str) -> int:
+    try:
+        i = int(text)
+    except ValueError:
+        raise StrategyError(f"strategy {spec!r}: {text!r} is not a worker number") from None
+    if not 0 <= i < n:
+        raise StrategyError(f"strategy {spec!r}: worker {i} is not in the pool (0..{n - 1})")
+    return i
+
+
+def _int(text: str, spec: str, what: str, low: int) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise StrategyError(f"strategy {spec!r}: {what} {text!r} is not an integer") from None
+    if v < low:
+        raise StrategyError(f"strategy {spec!r}: {what} must be at least {low}")
+    return v
+
+
+@dataclass
+class RandomWorkflowPolicy:
+    """A uniformly random workflow per (prompt, sample); reproducible from the seed."""
+
+    n_workers: int
+    max_steps: int = DEFAULT_MAX_STEPS
+    seed: int = 0
+    name: str = "random"
+
+    def workflow(self, prompt: str, sample: int, run_seed: int | None = None) -> Workflow:
+        digest = hashlib.sha256(f"{self.seed}\x1f{run_seed}\x1f{sample}\x1f{prompt}".encode()).digest()
+        rng = random.Random(int.from_bytes(digest[:8], "big"))
+        steps = []
+        for i in range(rng.randint(1, self.max_steps)):
+            access = tuple(j for j in range(i) if rng.random() < 0.5)
+            steps.append(Step(rng.randrange(self.n_workers), DIRECT_SUBTASK, access))
+        return Workflow(tuple(steps))
+
+    def generate(self, prompts: list[str], n: int, params: GenerationParams) -> list[list[Generation]]:
+        return [[Generation(text=self.workflow(p, j, params.seed).render(), finish_reason="stop") for j in range(n)]
+                for p in prompts]
+
+    def close(self) -> None:
+        return None
+
+
+def self_consistency(worker: int, k: int, vote: int) -> FixedWorkflowPolicy:
+    """k independent attempts of one worker, then the vote step (which sees all of them)."""
+    steps = [Step(worker, attempt_subtask(j, k), ()) for j in range(k)]
+    steps.append(Step(vote, VOTE_SUBTASK, ALL))
+    return FixedWorkflowPolicy(Workflow(tuple(steps)), name=f"sc:{worker}:{k}")
+
+
+def mixture_of_agents(proposers: list[int], aggregator: int) -> FixedWorkflowPolicy:
+    """One MoA layer: proposers answer independently (a repeated proposer gets a distinct attempt), the
+    aggregator sees every proposal."""
+    steps = []
+    for j, p in enumerate(proposers):
+        seen = proposers[:j].count(p)
+        steps.append(Step(p, attempt_subtask(seen, proposers.count(p)), ()))
+    steps.append(Step(aggregator, AGGREGATE_SUBTASK, ALL))
+    label = "+".join(str(p) for p in proposers)
+    return FixedWorkflowPolicy(Workflow(tuple(steps)), name=f"moa:{label}:{aggregator}")
+
+
+def strategy_pool(spec: str, pool: "Pool") -> "Pool":
+    """The pool a strategy runs over: ``sc`` appends the vote tool worker (once); others use the pool as is."""
+    from conductor.pool import Worker
+
+    if spec.partition(":")[0] != "sc" or any(w.provider == "vote" for w in pool.workers):
+        return pool
+    vote = Worker(name=VOTE_WORKER, provider="vote", model="majority-vote",
+                  notes="Not a language model: returns the response whose extracted final answer is most common.")
+    return pool.model_copy(update={"workers": (*pool.workers, vote)})
+
+
+def steps_needed(spec: str) -> int:
+    """The longest workflow a strategy writes (a run's ``max_steps`` must allow it).
+
+    >>> steps_needed("sc:0:5"), steps_needed("moa:0+1+2:0"), steps_needed("random:1:4"), steps_needed("fixed:2")
+    (6, 4, 4, 1)
+    """
+    kind, _, rest = spec.partition(":")
+    parts = rest.split(":") if rest else []
+    if kind == "sc" and len(parts) == 2 and parts[1].isdigit():
+        return int(parts[1]) + 1
+    if kind == "moa" and len(parts) == 2:
+        return len(parts[0].replace("+", ",").split(",")) + 1
+    if kind == "random":
+        return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else DEFAULT_MAX_STEPS
+    return 1
+
+
+def make_strategy(spec: str, pool: "Pool") -> "FixedWorkflowPolicy | RandomWorkflowPolicy":
+    """The policy for a strategy spec over ``pool`` (as returned by ``strategy_pool``); StrategyError if unusable."""
+    kind, _, rest = spec.partition(":")
+    parts = rest.split(":") if rest else []
+    n = sum(1 for w in pool.workers if w.provider != "vote")      # the vote worker is the strategy's, not the pool's
+    if kind == "fixed" and len(parts) == 1:
+        return FixedWorkflowPolicy.single_worker(_ordinal(parts[0], n, spec))
+    if kind == "sc" and len(parts) == 2:
+        votes = [i for i, w in enumerate(pool.workers) if w.provider == "vote"]
+        if not votes:
+            raise StrategyError(f"strategy {spec!r}: the pool has no vote worker (build it with strategy_pool)")
+        vote = votes[0]
+        return self_consistency(_ordinal(parts[0], n, spec), _int(parts[1], spec, "k", 1), vote)
+    if kind == "moa" and len(parts) == 2:
+        proposers = [_ordinal(p, n, spec) for p in parts[0].replace("+", ",").split(",")]
+        return mixture_of_agents(proposers, _ordinal(parts[1], n, spec))
+    if kind == "random" and len(parts) <= 2:
+        seed = _int(parts[0], spec, "seed", 0) if parts else 0
+        max_steps = _int(parts[1], spec, "max_steps", 1) if len(parts) > 1 else DEFAULT_MAX_STEPS
+        return RandomWorkflowPolicy(n, max_steps, seed, name=spec)
+    raise StrategyError(f"strategy {spec!r}: expected fixed:I, sc:I:K, moa:P1+P2+...:AGG or random[:SEED[:MAX_STEPS]]")
+
+
+def check_strategy(spec: str, pool: "Pool", max_steps: int) -> None:
+    """Refuse, before anything starts, a strategy spec that cannot run over ``pool`` within ``max_steps``."""
+    if not is_strategy(spec):
+        return
+    make_strategy(spec, strategy_pool(spec, pool))
+    need = steps_needed(spec)
+    if need > max_steps:
+        raise StrategyError(f"strategy {spec!r} writes {need} steps: run it with --max-steps {need} or more")
