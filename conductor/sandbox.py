@@ -15,9 +15,14 @@ Why each guard exists (see docs/grading.md for what is and is not enforced):
 - A clean environment and ``python -I`` (no PYTHONPATH, no user site, no cwd on sys.path).
 - A process-wide semaphore so many runs share the machine (default: one per core).
 
-Where namespaces are unavailable (not root, no ``unshare``) the run falls back to
-rlimits + a Python audit hook that refuses sockets, and ``SandboxResult.isolation``
-says so.
+As a normal user (no root) the same launcher runs inside **bubblewrap** (``bwrap``,
+unprivileged user namespaces): a fresh root holding only read-only ``/usr``, the system
+library dirs and the interpreter's install, no network, a private PID namespace and
+``/proc``, the same size- and inode-capped work dir, the same rlimits; the program runs
+with no capabilities and cannot signal, trace or read the launcher (PID 1, non-dumpable).
+
+Where neither is available the run falls back to rlimits + a Python audit hook that
+refuses sockets, and ``SandboxResult.isolation`` says so.
 """
 
 from __future__ import annotations
@@ -41,7 +46,10 @@ from pathlib import Path
 from typing import Literal
 
 Status = Literal["ok", "error", "timeout", "memory", "output_limit", "infra"]
+Mode = Literal["namespaces", "bwrap", "fallback"]
 INFRA_EXIT = 125
+BWRAP_WORKDIR = "/work"
+BWRAP_UID = 1000                      # the program's uid in its own (nested) user namespace
 
 
 @dataclass(frozen=True)
@@ -144,12 +152,27 @@ try:
     pid = os.fork()
     if pid == 0:
         try:
+            if spec["nest_uid"] is not None:
+                # bubblewrap: we are uid 0 of the sandbox's user namespace and hold CAP_SYS_ADMIN there (the
+                # mounts above). The program goes into a nested user namespace as uid nest_uid: its exec then
+                # grants no capabilities, and it has none over the namespace that owns the mounts.
+                import ctypes
+                libc = ctypes.CDLL(None, use_errno=True)
+                if libc.unshare(0x10000000) != 0:                       # CLONE_NEWUSER
+                    raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER)")
+                for name, text in (("setgroups", "deny"), ("uid_map", "%d 0 1" % spec["nest_uid"]),
+                                   ("gid_map", "%d 0 1" % spec["nest_uid"])):
+                    with open("/proc/self/" + name, "w") as fh:
+                        fh.write(text)
+                for args in ((47, 4, 0, 0, 0), (38, 1, 0, 0, 0)):   # PR_CAP_AMBIENT_CLEAR_ALL, PR_SET_NO_NEW_PRIVS
+                    if libc.prctl(*args) != 0:
+                        raise OSError(ctypes.get_errno(), "prctl%r" % (args,))
             lim = spec["limits"]
             for name, value in lim.items():
                 soft, hard = value
                 resource.setrlimit(getattr(resource, name), (soft, hard))
             uid = spec["uid"]
-            if uid is not None:
+            if uid is not None and spec["setuid"]:
                 os.setgroups([])
                 os.setgid(uid)
                 os.setuid(uid)
@@ -158,6 +181,10 @@ try:
         except BaseException as exc:
             report("infra", "child setup: %r" % (exc,))
             os._exit(125)
+    if spec["nest_uid"] is not None:
+        # same kernel uid as the program: non-dumpable, so it cannot ptrace us or read our memory or fds
+        import ctypes
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)                    # PR_SET_DUMPABLE = 0
     # backstop for a parent that died before its wall-clock timeout: end the run ourselves
     import signal
     signal.signal(signal.SIGALRM, lambda *_: os.kill(pid, signal.SIGKILL))
@@ -185,14 +212,34 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 @lru_cache(maxsize=1)
 def namespaces_available() -> bool:
     """True when we are root and a full trial run (unshare net+pid+mount, the tmpfs mounts,
-    the uid drop) works here; otherwise sandboxes use the fallback."""
+    the uid drop) works here."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         return False
+    return _trial("namespaces")
+
+
+@lru_cache(maxsize=1)
+def bwrap_available() -> bool:
+    """True when we are not root, bubblewrap is installed and a full trial run works for this user
+    (unprivileged user namespaces enabled)."""
+    return os.geteuid() != 0 and shutil.which("bwrap") is not None and _trial("bwrap")
+
+
+def _trial(mode: Mode) -> bool:
     try:
-        trial = Sandbox(Limits(wall_s=30), use_namespaces=True, max_parallel=1).run("print('ok')")
+        trial = Sandbox(Limits(wall_s=30), mode=mode, max_parallel=1).run("print('ok')")
     except OSError:
         return False
     return trial.ok and trial.stdout.strip() == "ok"
+
+
+def default_mode() -> Mode:
+    """The strongest isolation that works here: namespaces as root, bubblewrap as a normal user, else the fallback."""
+    if namespaces_available():
+        return "namespaces"
+    if bwrap_available():
+        return "bwrap"
+    return "fallback"
 
 
 def _default_hidden() -> list[str]:
@@ -229,11 +276,36 @@ def _world_reachable(path: str) -> bool:
         parent = os.path.dirname(parent)
 
 
-def _python_roots() -> list[str]:
+def _python_roots(python: str | None = None) -> list[str]:
     """Directories the interpreter needs read access to (prefix, libs, site-packages)."""
     roots = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
              os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
-    return sorted(roots)
+    if python:
+        roots.add(os.path.dirname(os.path.dirname(os.path.realpath(python))))
+    return sorted(r for r in roots if r != "/")
+
+
+def _bwrap_command(python: str, host_workdir: str) -> list[str]:
+    """bubblewrap's part: new user/net/pid/ipc/uts/cgroup namespaces, a fresh read-only root holding
+    /usr, the library dirs and the interpreter's install, new /proc and /dev, the prepared files
+    bound at /work (the launcher covers them with the capped tmpfs), and the launcher as PID 1."""
+    # --uid 0: any other uid makes bwrap nest a second user namespace that does not own the mount
+    # namespace, and the launcher could not mount the work dir; the launcher nests one for the program.
+    argv = ["bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--as-pid-1",
+            "--uid", "0", "--gid", "0", "--cap-add", "CAP_SYS_ADMIN",     # the launcher's mounts
+            "--cap-add", "CAP_SETFCAP",                                    # mapping its uid 0 into the nested one
+            "--ro-bind", "/usr", "/usr"]
+    for d in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(d):
+            argv += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            argv += ["--ro-bind", d, d]
+    for root in _python_roots(python):
+        if os.path.isdir(root) and root != "/usr" and not root.startswith("/usr/"):
+            argv += ["--ro-bind", root, root]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--ro-bind", host_workdir, BWRAP_WORKDIR,
+             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/"]
+    return argv
 
 
 class Sandbox:
@@ -241,22 +313,36 @@ class Sandbox:
 
     def __init__(self, limits: Limits | None = None, *, max_parallel: int | None = None,
                  python: str | None = None, hide: Sequence[str] | None = None,
-                 use_namespaces: bool | None = None, allow_site_packages: bool = False) -> None:
+                 use_namespaces: bool | None = None, allow_site_packages: bool = False,
+                 mode: Mode | None = None) -> None:
+        """``mode`` picks the isolation (default: the strongest that works here, see ``default_mode``);
+        ``use_namespaces=False`` is the older spelling of ``mode="fallback"``."""
         self.limits = limits or Limits()
         self.max_parallel = max_parallel or os.cpu_count() or 1
         self._sem = threading.BoundedSemaphore(self.max_parallel)
         self.python = os.path.realpath(python or sys.executable)
         self.hide = list(hide) if hide is not None else _default_hidden()
-        self.use_namespaces = namespaces_available() if use_namespaces is None else use_namespaces
+        if mode == "bwrap" and os.geteuid() == 0:
+            # inside bwrap root would stay uid 0 of its namespace, and exec would hand the program every capability
+            raise ValueError("sandbox mode 'bwrap' is for normal users; as root use 'namespaces'")
+        if mode is None:
+            if use_namespaces is None:
+                mode = default_mode()
+            else:
+                mode = ("namespaces" if os.geteuid() == 0 else "bwrap") if use_namespaces else "fallback"
+        self.mode: Mode = mode
+        self.use_namespaces = mode != "fallback"
         self.allow_site_packages = allow_site_packages
         # An unprivileged uid needs to reach the interpreter: without a mount namespace to map it
         # back in, that only works when every directory above it is world-searchable.
-        self.root = os.geteuid() == 0 and (self.use_namespaces or _world_reachable(self.python))
+        self.root = os.geteuid() == 0 and (mode == "namespaces" or (mode == "fallback" and _world_reachable(self.python)))
 
     @property
     def isolation(self) -> str:
-        if self.use_namespaces:
+        if self.mode == "namespaces":
             return "namespaces(net,pid,mount)+uid+rlimits"
+        if self.mode == "bwrap":
+            return "bwrap(user,net,pid,mount)+no-caps+rlimits"
         return ("uid+" if self.root else "") + "rlimits+audit-hook(no sockets)"
 
     # -- one run ---------------------------------------------------------
@@ -280,47 +366,9 @@ class Sandbox:
         uid = random.randint(200_000, 2_000_000_000) if self.root else None
         private = tempfile.mkdtemp(prefix="conductor-sbx-")           # root-only: status, stdin, stdout, stderr
         try:
-            workdir = os.path.join(private, "work")
-            os.mkdir(workdir, 0o700)
-            with open(os.path.join(workdir, "main.py"), "w") as fh:
-                fh.write(code)
-            for name, content in files.items():
-                target = os.path.realpath(os.path.join(workdir, name))
-                if not target.startswith(workdir + os.sep):
-                    raise ValueError(f"sandbox file {name!r} escapes the work dir")
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                with open(target, "w") as fh:
-                    fh.write(content)
-            if uid is not None:
-                for dirpath, _dirs, names in os.walk(workdir):
-                    os.chown(dirpath, uid, uid)
-                    for n in names:
-                        os.chown(os.path.join(dirpath, n), uid, uid)
-                os.chmod(private, 0o711)   # the uid may traverse into work/, nothing else
-            env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
-                   "HOME": workdir, "TMPDIR": workdir, "PYTHONDONTWRITEBYTECODE": "1",
-                   "PYTHONIOENCODING": "utf-8", **extra_env}
-            py_flags = ["-I"] + ([] if self.allow_site_packages else ["-S"])
-            if self.use_namespaces:
-                argv = [self.python, *py_flags, "main.py"]
-            else:
-                argv = [self.python, *py_flags, "-c", _NO_NET_WRAPPER, "main.py"]
-            mb = 1024 * 1024
-            rl = {"RLIMIT_CPU": [limits.cpu, limits.cpu + 1],
-                  "RLIMIT_AS": [limits.memory_mb * mb] * 2,
-                  "RLIMIT_FSIZE": [limits.file_mb * mb] * 2,
-                  "RLIMIT_NPROC": [limits.nproc] * 2,
-                  "RLIMIT_NOFILE": [limits.nofile] * 2,
-                  "RLIMIT_CORE": [0, 0]}
+            workdir = _prepare_workdir(private, code, files, uid)
             status_r, status_w = os.pipe()
-            spec = {"namespaces": self.use_namespaces, "workdir": workdir, "hide": self.hide,
-                    "expose_ro": _python_roots(), "uid": uid, "limits": rl, "argv": argv, "env": env,
-                    "status_fd": status_w, "backstop_s": int(limits.wall_s) + 5,
-                    "disk_mb": limits.disk_mb, "inodes": limits.inodes}
-            launcher = [self.python, "-I", "-S", "-c", _LAUNCHER, marshal.dumps(spec).hex()]
-            if self.use_namespaces:
-                launcher = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc",
-                            "--propagation", "private", *launcher]
+            launcher = self._launcher(workdir, uid, limits, extra_env, status_w)
             in_path, out_path, err_path = (os.path.join(private, n) for n in ("stdin", "stdout", "stderr"))
             with open(in_path, "w") as fh:
                 fh.write(stdin)
@@ -328,7 +376,7 @@ class Sandbox:
             with open(in_path, "rb") as fin, open(out_path, "wb") as fout, open(err_path, "wb") as ferr:
                 try:
                     proc = subprocess.Popen(launcher, stdin=fin, stdout=fout, stderr=ferr, cwd="/",
-                                            env={"PATH": env["PATH"], "LANG": "C.UTF-8"},
+                                            env={"PATH": _PATH, "LANG": "C.UTF-8"},
                                             pass_fds=(status_w,), start_new_session=True)
                 except OSError as exc:
                     os.close(status_r)
@@ -341,7 +389,7 @@ class Sandbox:
                 finally:
                     _kill_group(proc.pid)
                     proc.wait()
-                    if uid is not None and not self.use_namespaces:
+                    if uid is not None and self.mode == "fallback":
                         _kill_uid(uid)
             with os.fdopen(status_r, "rb") as fh:
                 raw = fh.read().decode(errors="replace")
@@ -351,6 +399,63 @@ class Sandbox:
             return _classify(raw, timed_out, proc.returncode, stdout, stderr, wall, self.isolation)
         finally:
             shutil.rmtree(private, ignore_errors=True)
+
+    def _launcher(self, workdir: str, uid: int | None, limits: Limits, extra_env: dict[str, str],
+                  status_fd: int) -> list[str]:
+        """The command line that starts the launcher in this sandbox's mode."""
+        bwrap = self.mode == "bwrap"
+        inside = BWRAP_WORKDIR if bwrap else workdir           # the work dir as the program sees it
+        env = {"PATH": _PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": inside, "TMPDIR": inside,
+               "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8", **extra_env}
+        py_flags = ["-I"] + ([] if self.allow_site_packages else ["-S"])
+        if self.use_namespaces:
+            argv = [self.python, *py_flags, "main.py"]
+        else:
+            argv = [self.python, *py_flags, "-c", _NO_NET_WRAPPER, "main.py"]
+        mb = 1024 * 1024
+        rl = {"RLIMIT_CPU": [limits.cpu, limits.cpu + 1],
+              "RLIMIT_AS": [limits.memory_mb * mb] * 2,
+              "RLIMIT_FSIZE": [limits.file_mb * mb] * 2,
+              "RLIMIT_NPROC": [limits.nproc] * 2,
+              "RLIMIT_NOFILE": [limits.nofile] * 2,
+              "RLIMIT_CORE": [0, 0]}
+        spec = {"namespaces": self.use_namespaces, "workdir": inside, "hide": [] if bwrap else self.hide,
+                "expose_ro": [] if bwrap else _python_roots(), "uid": 0 if bwrap else uid,
+                "setuid": not bwrap, "nest_uid": BWRAP_UID if bwrap else None, "limits": rl, "argv": argv, "env": env,
+                "status_fd": status_fd, "backstop_s": int(limits.wall_s) + 5,
+                "disk_mb": limits.disk_mb, "inodes": limits.inodes}
+        launcher = [self.python, "-I", "-S", "-c", _LAUNCHER, marshal.dumps(spec).hex()]
+        if bwrap:
+            return [*_bwrap_command(self.python, workdir), *launcher]
+        if self.use_namespaces:
+            return ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc",
+                    "--propagation", "private", *launcher]
+        return launcher
+
+
+_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def _prepare_workdir(private: str, code: str, files: dict[str, str], uid: int | None) -> str:
+    """``private``/work holding main.py and ``files``; owned by ``uid`` when the run drops to one."""
+    workdir = os.path.join(private, "work")
+    os.mkdir(workdir, 0o700)
+    with open(os.path.join(workdir, "main.py"), "w") as fh:
+        fh.write(code)
+    for name, content in files.items():
+        target = os.path.realpath(os.path.join(workdir, name))
+        if not target.startswith(workdir + os.sep):
+            raise ValueError(f"sandbox file {name!r} escapes the work dir")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "w") as fh:
+            fh.write(content)
+    if uid is not None:
+        for dirpath, _dirs, names in os.walk(workdir):
+            os.chown(dirpath, uid, uid)
+            for n in names:
+                os.chown(os.path.join(dirpath, n), uid, uid)
+        os.chmod(private, 0o711)   # the uid may traverse into work/, nothing else
+    return workdir
 
 
 def _wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> bool:
