@@ -1,21 +1,25 @@
-"""Questions per minute of the whole answer flow (`conductor answer`), cold cache vs warm cache, in one run.
+"""Seconds per question of the main job, the conductor against its best worker alone, on the same questions.
 
-Each run is the real command in a subprocess: Prefect flow in ephemeral mode, the embedded llama.cpp servers
-started and stopped, conductor generation, the rate-limited executor, grading, the lake and the report. So
-the figure includes start-up (servers loading their GGUF files), which is what a user waits for.
+Every run is the real `conductor answer` in a subprocess (Prefect flow, the embedded llama.cpp servers started
+on first use, conductor generation, the rate-limited executor, grading, lake, report), so the figures include
+everything a user waits for. In one invocation, on the same questions:
 
-- cold: a fresh output directory and an empty response cache;
-- warm: a new run (new run id, new output directory) over the same questions reading the cold run's cache:
-  the conductor still generates (its generations are not cached), but worker calls that repeat hit the
-  cache; the hit rate is printed because it depends on the conductor writing the same workflows (same seed);
-- resume: the cold command again, unchanged: every shard is already committed, so nothing is redone.
+- conductor cold: the default conductor (the untrained embedded one unless a champion exists), fresh output
+  directory and response cache;
+- single cold: `--conductor fixed:0` (Qwen2.5-Coder-1.5B answers alone: the best local worker), fresh cache;
+- warm: the conductor run again under a new run id and output directory, reading the cold run's cache: with a
+  seeded conductor every generation and every worker call is a cache hit (conductor/policy/cached.py);
+- resume: the cold conductor command again, unchanged: every shard is committed, nothing is redone.
 
-    python bench/answer_flow.py                                     # embedded pool, 2 GSM8K + 2 MMLU-STEM
-    python bench/answer_flow.py --questions gsm8k_test:5,mmlu_stem:5 --max-steps 3
-    python bench/answer_flow.py --pool data/pools/simulated.yaml --conductor llamacpp:FILE.gguf   # quick
+Above the last line it prints the tokens behind the figures (conductor prefill after the shared prefix and
+decode; worker prefill and decode on the 1.5B; other calls' seconds) and the floor they imply at this
+machine's measured llama.cpp prefill and decode rates for the 1.5B.
 
-Last line: ``cold_questions_per_min=<x> warm_questions_per_min=<y> warm_speedup=<z> warm_cache_hit_rate=<h>
-resume_s=<s>``.
+    python bench/answer_flow.py                                           # the quickstart mix, 10 questions
+    python bench/answer_flow.py --questions gsm8k_test:2,mmlu_stem:2      # a quick look
+
+Last line: ``conductor_s_per_question=<x> single_s_per_question=<y> ratio=<x/y> cold_questions_per_min=<c>
+warm_questions_per_min=<w> warm_speedup=<w/c> conductor_accuracy=<a> single_accuracy=<b> resume_s=<s>``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+BIG = "qwen2.5-coder-1.5b-instruct"
 
 
 def _answer(questions: str, out: Path, run_id: str, extra: list[str], cache: Path | None = None) -> tuple[float, dict]:
@@ -47,13 +53,68 @@ def _answer(questions: str, out: Path, run_id: str, extra: list[str], cache: Pat
     return wall, json.loads((out / "summary.json").read_text())
 
 
+def llama_rates(threads: int) -> tuple[float, float]:
+    """(prefill, decode) tokens/s of the 1.5B under llama.cpp on this machine, measured now."""
+    from llama_cpp import Llama
+
+    from conductor.embedded import model_path
+
+    llm = Llama(model_path=str(model_path(BIG)), n_ctx=2048, n_threads=threads, verbose=False)
+    prompt = llm.tokenize(("The quick brown fox jumps over the lazy dog. " * 60).encode())[:480]
+    t0 = time.perf_counter()
+    llm.eval(prompt)
+    prefill = len(prompt) / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    out = llm.create_completion("Count from one to fifty in words:", max_tokens=48, temperature=0)
+    decode = out["usage"]["completion_tokens"] / (time.perf_counter() - t0)
+    return prefill, decode
+
+
+def token_budget(lake: Path, run_id: str) -> dict[str, float]:
+    """Per question: conductor prefill beyond the prefix shared with the previous prompt, conductor decode,
+    1.5B worker prefill/decode, and the seconds of calls to other workers (smaller models, the python tool)."""
+    import polars as pl
+    from llama_cpp import Llama
+
+    from conductor.embedded import model_path
+    from conductor.lake.reader import scan
+
+    tok = Llama(model_path=str(model_path(BIG)), vocab_only=True, verbose=False)
+    trajs = scan(str(lake), "trajectories", run_id=run_id).select("question_id", "prompt", "completion").collect()
+    calls = scan(str(lake), "calls", run_id=run_id).select("model", "input_tokens", "output_tokens", "latency_s",
+                                                           "cache_hit").collect()
+    n = max(1, trajs["question_id"].n_unique())
+    prev: list[int] = []
+    prefill = decode = 0
+    for prompt, completion in trajs.sort("question_id").select("prompt", "completion").iter_rows():
+        ids = tok.tokenize((prompt or "").encode())
+        shared = next((i for i, (a, b) in enumerate(zip(ids, prev)) if a != b), min(len(ids), len(prev)))
+        prefill += len(ids) - shared
+        decode += len(tok.tokenize((completion or "").encode(), add_bos=False))
+        prev = ids
+    big = calls.filter(pl.col("model").str.contains("1.5b") & ~pl.col("cache_hit"))
+    other = calls.filter(~pl.col("model").str.contains("1.5b") & ~pl.col("cache_hit"))
+    return {"conductor_prefill": prefill / n, "conductor_decode": decode / n,
+            "worker_prefill": big["input_tokens"].sum() / n, "worker_decode": big["output_tokens"].sum() / n,
+            "other_call_s": float(other["latency_s"].sum() or 0.0) / n}
+
+
+def single_budget(lake: Path, run_id: str) -> dict[str, float]:
+    from conductor.lake.reader import scan
+
+    calls = scan(str(lake), "calls", run_id=run_id).select("question_id", "input_tokens", "output_tokens").collect()
+    n = max(1, calls["question_id"].n_unique())
+    return {"worker_prefill": calls["input_tokens"].sum() / n, "worker_decode": calls["output_tokens"].sum() / n,
+            "calls": calls.height / n}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--questions", default="gsm8k_test:2,mmlu_stem:2")
+    ap.add_argument("--questions", default="gsm8k_test:5,mmlu_stem:5")
     ap.add_argument("--pool", default=None, help="pool manifest (default: the embedded local pool)")
     ap.add_argument("--conductor", default="auto")
     ap.add_argument("--max-steps", type=int, default=3)
-    ap.add_argument("--shard-size", type=int, default=2)
+    ap.add_argument("--shard-size", type=int, default=5)
     ap.add_argument("--keep", default=None, help="keep the run directories in this new directory (default: a temp dir, removed)")
     a = ap.parse_args(argv)
 
@@ -61,32 +122,45 @@ def main(argv: list[str] | None = None) -> None:
     if a.keep and work.exists() and any(work.iterdir()):   # never delete a directory we did not create
         raise SystemExit(f"answer_flow: --keep {work}: directory exists and is not empty; pick a new one")
     work.mkdir(parents=True, exist_ok=True)
-    extra = ["--conductor", a.conductor, "--max-steps", str(a.max_steps), "--shard-size", str(a.shard_size)]
-    if a.pool:
-        extra += ["--pool", a.pool]
+    common = ["--max-steps", str(a.max_steps), "--shard-size", str(a.shard_size)] + (["--pool", a.pool] if a.pool else [])
+    extra = ["--conductor", a.conductor, *common]
     try:
         print(f"answer flow bench: {a.questions} conductor={a.conductor} pool={a.pool or 'embedded local'} "
               f"max_steps={a.max_steps} load={os.getloadavg()[0]:.1f}", flush=True)
+        prefill_rate, decode_rate = llama_rates(os.cpu_count() or 1)
+        print(f"[rates]  1.5B llama.cpp here: prefill {prefill_rate:.1f} tok/s, decode {decode_rate:.1f} tok/s", flush=True)
         cold_s, cold = _answer(a.questions, work / "cold", "bench-cold", extra)
         n = cold["questions"]
-        print(f"[cold]   {n} questions in {cold_s:.1f}s  calls/q={cold['calls_per_question']:.2f} "
-              f"cache_hits={cold['cache_hits']} accuracy={cold['accuracy']} parse_failures={cold['parse_failures']}",
-              flush=True)
+        print(f"[conductor cold] {n} questions in {cold_s:.1f}s  calls/q={cold['calls_per_question']:.2f} "
+              f"accuracy={cold['accuracy']} parse_failures={cold['parse_failures']}", flush=True)
+        single_s, single = _answer(a.questions, work / "single", "bench-single", ["--conductor", "fixed:0", *common])
+        print(f"[single cold]    {single['questions']} questions in {single_s:.1f}s  accuracy={single['accuracy']}", flush=True)
         warm_s, warm = _answer(a.questions, work / "warm", "bench-warm", extra, cache=work / "cold" / "cache.sqlite")
-        calls = warm["calls_per_question"] * max(1, warm["questions"])
-        hit_rate = warm["cache_hits"] / calls if calls else 0.0
-        print(f"[warm]   {warm['questions']} questions in {warm_s:.1f}s  cache hits {warm['cache_hits']}/{calls:.0f} "
-              f"calls", flush=True)
+        print(f"[warm]           {warm['questions']} questions in {warm_s:.1f}s  worker cache hits {warm['cache_hits']} "
+              f"accuracy={warm['accuracy']}", flush=True)
         resume_s, resumed = _answer(a.questions, work / "cold", "bench-cold", extra)
         if resumed["trajectories"] != cold["trajectories"]:
             raise SystemExit(f"answer_flow: resume changed the row count {cold['trajectories']} -> {resumed['trajectories']}")
-        print(f"[resume] same command again: {resume_s:.1f}s, rows unchanged ({resumed['trajectories']})", flush=True)
+        print(f"[resume]         same command again: {resume_s:.1f}s, rows unchanged ({resumed['trajectories']})", flush=True)
+        c = token_budget(work / "cold" / "lake", "bench-cold")
+        s = single_budget(work / "single" / "lake", "bench-single")
+        c_floor = ((c["conductor_prefill"] + c["worker_prefill"]) / prefill_rate
+                   + (c["conductor_decode"] + c["worker_decode"]) / decode_rate + c["other_call_s"])
+        s_floor = s["worker_prefill"] / prefill_rate + s["worker_decode"] / decode_rate
+        print(f"[tokens/q] conductor: prefill {c['conductor_prefill']:.0f} (after the shared prefix) decode "
+              f"{c['conductor_decode']:.0f}; 1.5B worker prefill {c['worker_prefill']:.0f} decode {c['worker_decode']:.0f}; "
+              f"other calls {c['other_call_s']:.1f}s -> floor {c_floor:.1f}s/q (measured {cold_s / n:.1f})", flush=True)
+        print(f"[tokens/q] single:    1.5B prefill {s['worker_prefill']:.0f} decode {s['worker_decode']:.0f} "
+              f"-> floor {s_floor:.1f}s/q (measured {single_s / max(1, single['questions']):.1f})", flush=True)
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
+    c_spq, s_spq = cold_s / n, single_s / max(1, single["questions"])
     cold_qpm, warm_qpm = 60 * n / cold_s, 60 * warm["questions"] / warm_s
-    print(f"cold_questions_per_min={cold_qpm:.3f} warm_questions_per_min={warm_qpm:.3f} "
-          f"warm_speedup={warm_qpm / cold_qpm:.2f} warm_cache_hit_rate={hit_rate:.2f} resume_s={resume_s:.1f}")
+    print(f"conductor_s_per_question={c_spq:.1f} single_s_per_question={s_spq:.1f} ratio={c_spq / s_spq:.2f} "
+          f"cold_questions_per_min={cold_qpm:.3f} warm_questions_per_min={warm_qpm:.3f} "
+          f"warm_speedup={warm_qpm / cold_qpm:.1f} conductor_accuracy={cold['accuracy']} "
+          f"single_accuracy={single['accuracy']} resume_s={resume_s:.1f}")
 
 
 if __name__ == "__main__":

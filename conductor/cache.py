@@ -151,6 +151,15 @@ class ResponseCache:
             self._pool, self._put, key, worker.provider, worker.model, completion)
         self.writes += 1
 
+    # -- synchronous API (callers outside the event loop, e.g. the conductor's own generations) --
+    def lookup(self, key: str) -> Completion | None:
+        """A stored reply, or None; never counts towards the worker-call hit statistics."""
+        return None if self.mode == "write_only" else self._pool.submit(self._get, key).result()
+
+    def store(self, key: str, provider: str, model: str, completion: Completion) -> None:
+        if self.mode not in ("read_only", "replay"):
+            self._pool.submit(self._put, key, provider, model, completion).result()
+
     def miss_error(self, worker: "Worker") -> ProviderError:
         return ProviderError("cache_miss", f"worker {worker.name}: no cached reply in {self.path.name} "  # type: ignore[arg-type]
                              "and the cache is in replay mode (no provider calls)")

@@ -30,11 +30,13 @@ def _literal(text: str) -> str:
 
 
 def workflow_grammar(n_workers: int, max_steps: int = 5, plan_chars: int = 240, subtask_chars: int = 400,
-                     subtasks: Sequence[str] | None = None, min_steps: int = 1) -> str:
+                     subtasks: Sequence[str] | None = None, min_steps: int = 1, tools: Sequence[int] = ()) -> str:
     """GBNF text for workflows of ``min_steps``..``max_steps`` steps over ``n_workers`` workers.
 
     ``plan_chars=0``: no plan line, the completion starts with ``model_id``. ``subtasks``: every subtask is
     one of these strings (no ``"``, backslash or newline in them: they are written as Python string literals).
+    ``tools``: ordinals of non-LLM workers (the python tool); step 0 sees nothing earlier, so a tool there
+    would have nothing to run: they are kept out of the first step.
 
     >>> g = workflow_grammar(3, 2)
     >>> 'id ::= "0" | "1" | "2"' in g and "wf2 ::=" in g and "wf3" not in g
@@ -54,6 +56,9 @@ def workflow_grammar(n_workers: int, max_steps: int = 5, plan_chars: int = 240, 
     rules = ([f'root ::= plan "\\n" {wfs}', f"plan ::= [^\\n]{{1,{plan_chars}}}"] if plan_chars > 0 else
              [f"root ::= {wfs}"])
     rules.append(f"id ::= {ids}")
+    firsts = [i for i in range(n_workers) if i not in tools]
+    if tools and firsts and n_workers <= 10:
+        rules.append("first ::= " + " | ".join(f'"{i}"' for i in firsts))
     if subtasks is not None:
         if not subtasks or any(not s or any(c in s for c in '"\\\n') for s in subtasks):
             raise ValueError("workflow_grammar: subtasks must be non-empty strings without '\"', '\\\\' or newlines")
@@ -62,7 +67,7 @@ def workflow_grammar(n_workers: int, max_steps: int = 5, plan_chars: int = 240, 
         rules.append(f"st ::= \"\\\"\" [^\"\\\\\\n]{{1,{subtask_chars}}} \"\\\"\"")
     rules.append('acc ::= "[]" | "[\\"all\\"]"')
     for n in range(min_steps, max_steps + 1):
-        ids_n = ' ", " '.join(["id"] * n)
+        ids_n = ' ", " '.join([("first" if tools and firsts and n_workers <= 10 else "id")] + ["id"] * (n - 1))
         sts_n = ' ", " '.join(["st"] * n)
         accs_n = ' ", " '.join(['"[]"'] + ["acc"] * (n - 1))
         rules.append(f'wf{n} ::= "model_id = [" {ids_n} "]\\nsubtasks = [" {sts_n} "]\\naccess_list = [" {accs_n} "]"')

@@ -93,6 +93,9 @@ class Worker(_Strict):
     price: Price = Price()
     limits: Limits = Limits()
     notes: str = ""
+    # What an untrained conductor's informed prompt may rely on (conductor/prompts.py): e.g. "reasoner" marks
+    # the worker its examples give the hard steps to. Trained conductors see ordinals only and ignore it.
+    roles: tuple[str, ...] = ()
     options: dict[str, Any] = Field(default_factory=dict)   # provider-specific (e.g. simulated skills)
     sandbox: SandboxSpec | None = None                      # provider python only
     batch: bool | None = None    # batch APIs (conductor/batch): true always, false never, unset: the run's --batch
@@ -186,6 +189,9 @@ class Pool(_Strict):
         return SubPool(self, tuple(index[n] for n in names))
 
 
+TOOL_PROVIDERS = ("python", "vote")   # workers that are programs, not language models
+
+
 @dataclass(frozen=True)
 class SubPool:
     """The workers the conductor is shown, as "Model 0..k-1", mapped to the real workers."""
@@ -203,6 +209,11 @@ class SubPool:
     @property
     def names(self) -> list[str]:
         return [w.name for w in self.workers]
+
+    @property
+    def tool_ordinals(self) -> tuple[int, ...]:
+        """Ordinals of workers that are tools, not language models (they only act on what they are shown)."""
+        return tuple(i for i, w in enumerate(self.workers) if w.provider in TOOL_PROVIDERS)
 
     def worker(self, ordinal: int) -> Worker:
         if not 0 <= ordinal < len(self.indices):

@@ -5,11 +5,19 @@ output lists, few-shot examples, ``USER QUESTION``, ``AVAILABLE LANGUAGE
 MODELS``), the recursion-round prompt, and the message a worker receives.
 Few-shot examples live in ``data/fewshot/*.yaml``; the default uses only
 out-of-domain examples, which the paper found best (Table 4).
+
+A second conductor prompt, ``informed`` (``fewshot="informed"``), is for UNTRAINED conductors: the paper's
+ordinal-only form works because its conductor is trained on the pool, while an untrained model cannot know
+which "Model i" is strong (measured: it copies the examples' model numbers). The informed prompt shows each
+worker's manifest ``notes``, writes its examples with the real ordinals of the sub-pool's roles (worker
+``roles`` in the manifest), and puts everything constant first and the question last, so an engine
+that keeps the KV cache of the previous prompt (llama.cpp, vLLM prefix caching) re-reads only the question.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Sequence
@@ -60,6 +68,30 @@ Write a short plan (one or two sentences), then the three lists model_id, subtas
 Use only the models listed above. Do not solve the question yourself.
 """
 
+INFORMED_TEMPLATE = """\
+You are a conductor. You never answer questions yourself: you write a short workflow that gets the answer \
+from a team of models and tools, choosing them by their notes. Each step has a model (its number), the \
+subtask you write for it, and an access list: [] shows the model only the question and its subtask, \
+["all"] also shows every earlier step's subtask and response. The last step's response is the final answer, \
+so the last subtask must produce the answer in the format the question asks for. Use at most {max_steps} \
+steps and as few as do the job well.
+
+Reply with one short line of plan, then exactly three lists of equal length:
+model_id = [...]
+subtasks = [...]
+access_list = [...]
+
+Examples, written for the models listed below:
+{examples}
+Now the real task.
+
+AVAILABLE MODELS:
+{models}
+
+USER QUESTION:
+{question}
+"""
+
 RECURSION_TEMPLATE = """\
 
 RESULT OF YOUR PREVIOUS WORKFLOW:
@@ -94,8 +126,43 @@ class FewShot:
     question: str
     response: str
 
-    def render(self) -> str:
-        return f"<example>\nQuestion: {self.question.strip()}\nReply:\n{self.response.strip()}\n</example>\n"
+    def render(self, roles: dict[str, int] | None = None) -> str:
+        """The example as the prompt shows it; ``roles`` fills ``{role}`` placeholders with ordinals."""
+        response = self.response.strip()
+        if roles is not None:
+            response = _ROLE.sub(lambda m: str(roles[m.group(1)]), response)
+        return f"<example>\nQuestion: {self.question.strip()}\nReply:\n{response}\n</example>\n"
+
+    @property
+    def roles(self) -> set[str]:
+        """The ``{role}`` placeholders its reply uses (informed examples only)."""
+        return set(_ROLE.findall(self.response))
+
+
+_ROLE = re.compile(r"\{([a-z_]+)\}")
+
+
+def role_ordinals(subpool: "SubPool") -> dict[str, int]:
+    """Which ordinal plays each role in this sub-pool: declared ``roles`` first, ``python`` for the python
+    tool, and ``reasoner`` falling back to the first language model.
+
+    >>> from conductor.pool import Pool
+    >>> pool = Pool.model_validate({"pool_id": "p", "workers": [
+    ...     {"name": "tiny", "provider": "simulated", "model": "t"},
+    ...     {"name": "big", "provider": "simulated", "model": "b", "roles": ["reasoner"]}]})
+    >>> role_ordinals(pool.full())
+    {'reasoner': 1}
+    """
+    found: dict[str, int] = {}
+    for i, w in enumerate(subpool.workers):
+        for role in w.roles:
+            found.setdefault(role, i)
+        if w.provider == "python":
+            found.setdefault("python", i)
+    first_lm = next((i for i in range(len(subpool)) if i not in subpool.tool_ordinals), None)
+    if "reasoner" not in found and first_lm is not None:
+        found["reasoner"] = first_lm
+    return found
 
 
 @functools.lru_cache(maxsize=8)
@@ -104,6 +171,23 @@ def load_fewshot(name: str) -> tuple[FewShot, ...]:
     path = Path(name) if name.endswith((".yaml", ".yml")) else FEWSHOT_DIR / f"{name}.yaml"
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
     return tuple(FewShot(**{k: str(v) for k, v in ex.items()}) for ex in data["examples"])
+
+
+FEWSHOT_POLICIES = ("ood", "in_domain", "mixed", "none", "informed")
+
+
+def resolve_fewshot(fewshot: str, checkpoint_id: str) -> str:
+    """``auto``: the informed prompt for an untrained embedded conductor, the paper's OOD prompt otherwise
+    (a trained checkpoint learned the ordinal form it was trained on).
+
+    >>> resolve_fewshot("auto", "embedded:qwen2.5-coder-1.5b-instruct"), resolve_fewshot("auto", "ckpt-7")
+    ('informed', 'ood')
+    >>> resolve_fewshot("ood:2", "embedded:x")
+    'ood:2'
+    """
+    if fewshot != "auto":
+        return fewshot
+    return "informed" if checkpoint_id.startswith("embedded:") else "ood"
 
 
 def select_fewshot(policy: str = "ood", domain: str | None = None, k: int = 4) -> list[FewShot]:
@@ -117,10 +201,12 @@ def select_fewshot(policy: str = "ood", domain: str | None = None, k: int = 4) -
     policy, _, count = policy.partition(":")
     if count:
         k = int(count)
-    if policy not in ("ood", "in_domain", "mixed", "none"):
-        raise ValueError(f"few-shot policy {policy!r}: use ood, in_domain, mixed or none (optionally :k)")
+    if policy not in FEWSHOT_POLICIES:
+        raise ValueError(f"few-shot policy {policy!r}: use {', '.join(FEWSHOT_POLICIES)} (optionally :k)")
     if policy == "none":
         return []
+    if policy == "informed":
+        return list(load_fewshot("informed"))[:k]
     ood = list(load_fewshot("ood"))
     if policy == "ood":
         return ood[:k]
@@ -143,7 +229,17 @@ def describe_models(subpool: "SubPool", describe: Literal["ordinal", "notes"] = 
 def conductor_prompt(question: str, subpool: "SubPool", *, fewshot: str = "ood",
                      domain: str | None = None, max_steps: int = DEFAULT_MAX_STEPS,
                      describe: Literal["ordinal", "notes"] = "ordinal") -> str:
-    """The user message the conductor model receives (the backend applies its chat template)."""
+    """The user message the conductor model receives (the backend applies its chat template).
+
+    ``fewshot="informed"`` (optionally ``informed:k``) selects the informed prompt: worker notes shown,
+    examples instantiated on this sub-pool's roles, question last.
+    """
+    if fewshot.partition(":")[0] == "informed":
+        roles = role_ordinals(subpool)
+        usable = [e for e in select_fewshot(fewshot, domain) if e.roles <= roles.keys()]
+        examples = "\n".join(e.render(roles) for e in usable)
+        return INFORMED_TEMPLATE.format(max_steps=max_steps, examples=examples or "(none)\n",
+                                        question=question.strip(), models=describe_models(subpool, "notes"))
     examples = "\n".join(e.render() for e in select_fewshot(fewshot, domain))
     return CONDUCTOR_TEMPLATE.format(max_steps=max_steps, examples=examples or "(none)\n",
                                      question=question.strip(), models=describe_models(subpool, describe))

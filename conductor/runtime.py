@@ -9,12 +9,14 @@ conductor`` worker is bound to the live policy (recursion as a worker).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
     from conductor.executor import Executor
+    from conductor.servers import EmbeddedServers
     from conductor.policy.base import PolicyBackend
     from conductor.pool import Pool
 
@@ -40,6 +42,16 @@ class Live:
             cache = ResponseCache(cache_path, mode="replay" if replay else "read_write") if cache_path else None
             self._executors[key] = Executor(cache=cache)
         return self._executors[key]
+
+
+    def cached_policy(self, executor: "Executor") -> "PolicyBackend":
+        """The conductor with its reproducible (greedy or seeded) generations cached in the executor's
+        response cache, so a deterministic rerun re-reads its workflows (conductor/policy/cached.py)."""
+        if executor.cache is None:
+            return self.policy
+        from conductor.policy.cached import CachedPolicy
+
+        return CachedPolicy(self.policy, executor.cache, self.checkpoint_id)
 
 
 def registry_uri() -> str:
@@ -76,10 +88,49 @@ def conductor_policy(spec: str, embedded_url: Any = None, pool: "Pool | None" = 
         if spec != "auto":
             raise RegistryError(f"registry {uri}: no champion has been promoted yet")
         spec = "embedded"
-    if spec == "embedded" and embedded_url is not None:   # the embedded llama.cpp server, model loaded once
+    if spec == "embedded" and embedded_url is not None:   # an embedded llama.cpp server, started on first use
         url = embedded_url(EMBEDDED_CONDUCTOR_MODEL)
-        return make_policy(f"openai:{EMBEDDED_CONDUCTOR_MODEL}@{url}"), f"embedded:{EMBEDDED_CONDUCTOR_MODEL}"
+        policy = StartOnUse(make_policy(f"openai:{EMBEDDED_CONDUCTOR_MODEL}@{url}"), url)
+        return policy, f"embedded:{EMBEDDED_CONDUCTOR_MODEL}"
     return make_policy(spec), spec
+
+
+def conductor_server_url(servers: "EmbeddedServers", model: str) -> str:
+    """Start (once) the embedded conductor's own llama.cpp server and return its URL.
+
+    WHY its own: llama.cpp keeps the KV cache of the previous prompt and re-reads only what differs. The
+    conductor's prompts share ~900 tokens of instructions and examples (question last), so consecutive
+    conductor calls prefill only the question, unless a worker prompt ran on the same server in between,
+    which is what sharing the 1.5B worker's server did. It uses every core: during a shard's generation
+    stage no worker runs. Costs one more copy of the model in memory (~1.1 GB for the 1.5B).
+    """
+    from conductor.embedded import spec_for
+    from conductor.servers import ServerSettings
+
+    settings = ServerSettings(n_ctx=spec_for(model).n_ctx, n_threads=os.cpu_count() or 1)
+    return servers.reserve(model, alias=f"conductor-{model}", settings=settings)
+
+
+@dataclass
+class StartOnUse:
+    """A policy whose server is reserved, not started: it starts before the first generation, so a rerun
+    whose conductor generations all come from the cache never loads the model."""
+
+    inner: "PolicyBackend"
+    base_url: str
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def generate(self, prompts: list[str], n: int, params: Any) -> Any:
+        from conductor.servers import ensure_started
+
+        ensure_started(self.base_url)
+        return self.inner.generate(prompts, n, params)
+
+    def close(self) -> None:
+        _close(self.inner)
 
 
 def checkpoint_of(spec: str) -> str:
@@ -114,10 +165,11 @@ def serving(manifest: "Pool", conductor: str = "auto", bind_as_worker: bool = Tr
         servers = stack.enter_context(EmbeddedServers())
         pool = manifest
         if embedded_models(manifest):
-            pool, _ = resolve_embedded(manifest, servers)
-        # The embedded conductor shares the llama.cpp server (grammar, n, log-probs); the transformers fallback
-        # server supports none of those, so then the conductor runs in process (make_policy falls back too).
-        policy, checkpoint_id = conductor_policy(conductor, servers.url if servers.kind == "llamacpp" else None, pool)
+            pool, _ = resolve_embedded(manifest, servers, lazy=True)
+        # The embedded conductor gets a llama.cpp server of its own (grammar, n, log-probs); the transformers
+        # fallback server supports none of those, so then the conductor runs in process (make_policy falls back too).
+        policy, checkpoint_id = conductor_policy(
+            conductor, functools.partial(conductor_server_url, servers) if servers.kind == "llamacpp" else None, pool)
         stack.callback(_close, policy)
         if bind_as_worker and any(w.provider == "conductor" for w in pool.workers):
             from conductor.providers.conductor import bind_conductor, unbind_conductor

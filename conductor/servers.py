@@ -21,6 +21,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -277,22 +278,46 @@ class EmbeddedServers:
             return TransformersServer
         return LlamaServer
 
-    def server(self, name: str) -> ServerProcess:
-        """The running server for an embedded model, started on first use."""
+    def server(self, name: str, alias: str | None = None, settings: ServerSettings | None = None) -> ServerProcess:
+        """The running server for an embedded model, started on first use.
+
+        ``alias`` starts a second server of the same model under another name: the embedded conductor gets
+        its own, so worker prompts never evict the KV cache of its long, shared prompt prefix.
+        """
         from conductor.embedded import model_path, spec_for
 
         spec = spec_for(name)
-        server = self.servers.get(spec.name)
+        key = alias or spec.name
+        server = self.servers.get(key)
         if server is None or server.process is None or server.process.poll() is not None:
-            settings = self.per_model.get(spec.name) or self.settings or ServerSettings(n_ctx=spec.n_ctx)
+            settings = settings or self.per_model.get(key) or self.settings or ServerSettings(n_ctx=spec.n_ctx)
             path = model_path(spec.name, self.data_dir)
-            server = self.server_class(path, alias=spec.name, settings=settings).start()
-            self.servers[spec.name] = server
+            server = self.server_class(path, alias=key, settings=settings).start()
+            self.servers[key] = server
         return server
 
-    def url(self, name: str) -> str:
+    def url(self, name: str, alias: str | None = None, settings: ServerSettings | None = None) -> str:
         """The base URL for an embedded model, starting its server on first use."""
-        return self.server(name).url
+        return self.server(name, alias, settings).url
+
+    def reserve(self, name: str, alias: str | None = None, settings: ServerSettings | None = None) -> str:
+        """The base URL a server for ``name`` WILL answer on; it starts on the first ``ensure_started(url)``.
+
+        WHY: a rerun whose calls all hit the response cache, or a run that never routes to some worker,
+        should not wait for models to load; callers start the server just before the first real request.
+        """
+        from conductor.embedded import model_path, spec_for
+
+        spec = spec_for(name)
+        key = alias or spec.name
+        server = self.servers.get(key)
+        if server is None:
+            settings = settings or self.per_model.get(key) or self.settings or ServerSettings(n_ctx=spec.n_ctx)
+            server = self.server_class(model_path(spec.name, self.data_dir), alias=key, settings=settings,
+                                       port=free_port())
+            self.servers[key] = server
+        _RESERVED[server.url] = server
+        return server.url
 
     def start(self, names: Iterable[str]) -> dict[str, str]:
         return {n: self.url(n) for n in names}
@@ -300,6 +325,7 @@ class EmbeddedServers:
     def stop(self) -> None:
         for server in self.servers.values():
             server.stop()
+            _RESERVED.pop(server.url, None)
         self.servers.clear()
 
     def __enter__(self) -> "EmbeddedServers":
@@ -307,6 +333,24 @@ class EmbeddedServers:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+_RESERVED: dict[str, ServerProcess] = {}   # URL -> server not necessarily started yet (EmbeddedServers.reserve)
+_START_LOCK = threading.Lock()
+
+
+def ensure_started(base_url: str | None) -> None:
+    """Start the reserved server behind ``base_url`` if it is not running; a no-op for any other URL.
+
+    Blocking (model load and health check): call it off the event loop (``asyncio.to_thread``).
+    """
+    server = _RESERVED.get(base_url or "")
+    if server is None:
+        return
+    with _START_LOCK:
+        if server.process is None or server.process.poll() is not None:
+            log.info("starting %s for %s on first use", server.label, server.alias)
+            server.start()
 
 
 def embedded_name(base_url: str | None) -> str | None:
@@ -332,12 +376,15 @@ def embedded_models(pool: "Pool") -> list[str]:
     return seen
 
 
-def resolve_embedded(pool: "Pool", servers: EmbeddedServers | None = None) -> tuple["Pool", EmbeddedServers]:
+def resolve_embedded(pool: "Pool", servers: EmbeddedServers | None = None,
+                     lazy: bool = False) -> tuple["Pool", EmbeddedServers]:
     """Start servers for every ``embedded://`` worker and return (pool with real URLs, servers).
 
     Compute ``pool.fingerprint`` (and any cache keys) from the manifest pool, before
     resolution: the resolved URLs carry a port that changes from run to run.
-    Use the returned ``EmbeddedServers`` as a context manager to stop them. Each worker
+    With ``lazy`` the servers are only reserved (``EmbeddedServers.reserve``): the ``local`` provider
+    starts each one before its first request. Use the returned ``EmbeddedServers`` as a context manager to
+    stop them. Each worker
     is adapted to its server (``ServerProcess.adapt``): the transformers server only
     answers requests naming its model, so a worker's ``model`` becomes the server's.
     """
@@ -354,6 +401,7 @@ def resolve_embedded(pool: "Pool", servers: EmbeddedServers | None = None) -> tu
     for w, name in adapted:
         if name is not None:
             options = {**w.options, MANIFEST_URL_OPTION: w.base_url}
-            w = w.model_copy(update={"base_url": servers.url(name), "options": options})
+            url = servers.reserve(name) if lazy else servers.url(name)
+            w = w.model_copy(update={"base_url": url, "options": options})
         workers.append(w)
     return pool.model_copy(update={"workers": tuple(workers)}), servers

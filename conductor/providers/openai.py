@@ -13,6 +13,7 @@ executor owns retries so it can count them and honour rate limits globally.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from conductor.pool import Worker
@@ -36,6 +37,7 @@ class OpenAIChat:
         self.client = openai.AsyncOpenAI(api_key=key, base_url=worker.base_url, max_retries=0,
                                          timeout=worker.limits.timeout_s)
         self.params = self._params()
+        self._started = False
 
     def _params(self) -> dict[str, Any]:
         s = self.worker.sampling
@@ -67,6 +69,14 @@ class OpenAIChat:
         return p
 
     async def complete(self, messages: list[Message], *, sample_index: int = 0) -> Completion:
+        if self.worker.provider == "local" and not self._started:   # an embedded server reserved, not started
+            from conductor.servers import ServerError, ensure_started
+
+            try:
+                await asyncio.to_thread(ensure_started, self.worker.base_url)
+            except ServerError as e:   # the model would not load: infrastructure, not the workflow's fault
+                raise ProviderError("permanent", f"worker {self.worker.name}: {e}") from None
+            self._started = True
         s = self.worker.sampling
         msgs = ([Message("system", s.system_prompt)] if s.system_prompt else []) + list(messages)
         msgs = with_prefill(msgs, s.assistant_prefill)
