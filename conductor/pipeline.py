@@ -47,6 +47,9 @@ class RunSpec:
     max_calls_per_question: int | None = None
     max_dollars_per_question: float | None = None
     max_seconds_per_question: float | None = None
+    # When set (bulk answering), trajectory ids also hash the question's content and these settings, so a
+    # rerun after an edit or a settings change recognises stale rows instead of keeping them.
+    settings_key: str = ""
     date: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).date().isoformat())
 
     def subpool_for(self, question_id: str) -> SubPool:
@@ -55,6 +58,15 @@ class RunSpec:
             return self.pool.full()
         digest = hashlib.sha256(f"{self.seed}\x1f{question_id}".encode()).digest()
         return self.pool.sample(self.subpool_k, int.from_bytes(digest[:8], "big"))
+
+    def trajectory_ids(self, q: "Question") -> list[str]:
+        """The ids this run gives ``q``'s samples: the lake rows a rerun looks for."""
+        salt = ""
+        if self.settings_key:
+            from conductor.questions import question_digest
+
+            salt = hashlib.sha256(f"{self.settings_key}\x1f{question_digest(q)}".encode()).hexdigest()[:16]
+        return [trajectory_id(self.run_id, q.id, i, salt) for i in range(self.samples)]
 
     def generation_params(self) -> "GenerationParams":
         from conductor.policy.base import GenerationParams
@@ -69,9 +81,9 @@ def plan(questions: Sequence["Question"], spec: RunSpec, shard: str = "") -> lis
         sub = spec.subpool_for(q.id)
         prompt = conductor_prompt(q.prompt, sub, fewshot=spec.fewshot, domain=q.domain,
                                   max_steps=spec.max_steps)
-        for i in range(spec.samples):
+        for i, tid in enumerate(spec.trajectory_ids(q)):
             out.append(Trajectory(
-                trajectory_id=trajectory_id(spec.run_id, q.id, i), run_id=spec.run_id, kind=spec.kind,
+                trajectory_id=tid, run_id=spec.run_id, kind=spec.kind,
                 question_id=q.id, dataset=q.dataset, domain=q.domain, question=q.prompt, sample_index=i,
                 date=spec.date, checkpoint_id=spec.checkpoint_id, pool_id=spec.pool.id, subpool=sub.names,
                 gold=q.gold, rounds=[Round(depth=0, prompt=prompt, completion="")], shard=shard))

@@ -9,7 +9,9 @@ the same shard line up row for row in the lake.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator, Sequence
+import json
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -96,9 +98,39 @@ def shard_id(question_id: str, n_shards: int) -> int:
     return int.from_bytes(digest[:8], "big") % n_shards
 
 
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+@-]+")
+
+
+def safe_name(text: str, default: str = "q") -> str:
+    """A plain path segment for file names in the lake: any other character becomes '_'.
+
+    >>> safe_name("my questions"), safe_name("données=v2"), safe_name(".hidden"), safe_name("")
+    ('my_questions', 'donn_es_v2', 'q.hidden', 'q')
+    """
+    out = _UNSAFE.sub("_", text).strip("_")
+    if not out or not out[0].isalnum():
+        out = default + out
+    return out[:60]
+
+
+def question_digest(q: Question) -> str:
+    """Hash of everything in a question that can change its answer or grade (not its position in the file).
+
+    >>> a = Question(id="q1", dataset="d", domain="math", prompt="1+1?", gold="2")
+    >>> question_digest(a) == question_digest(replace(a, metadata={"row": 9}))
+    True
+    >>> question_digest(a) == question_digest(replace(a, gold="3"))
+    False
+    """
+    meta = {k: v for k, v in sorted(q.metadata.items()) if k != "row"}
+    body = [q.id, q.dataset, q.domain, q.prompt, q.gold, q.tests, q.entry_point, meta]
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def sharded(questions: Iterable[Question], shard_size: int) -> Iterator[tuple[str, list[Question]]]:
     """Consecutive fixed-size shards, named by dataset and position, e.g.
-    ``("gsm8k_test-00000", [...])``; the same input always gives the same shards.
+    ``("gsm8k_test-00000", [...])``; the same input always gives the same shards. Dataset names are made
+    safe for file names (any file name works).
 
     >>> qs = [Question(id=f"d/t/{i}", dataset="d", domain="free", prompt="p") for i in range(5)]
     >>> [(name, len(chunk)) for name, chunk in sharded(qs, 2)]
@@ -111,7 +143,27 @@ def sharded(questions: Iterable[Question], shard_size: int) -> Iterator[tuple[st
     for q in questions:
         chunk.append(q)
         if len(chunk) == shard_size:
-            yield f"{chunk[0].dataset}-{index:05d}", chunk
+            yield f"{safe_name(chunk[0].dataset)}-{index:05d}", chunk
             chunk, index = [], index + 1
     if chunk:
-        yield f"{chunk[0].dataset}-{index:05d}", chunk
+        yield f"{safe_name(chunk[0].dataset)}-{index:05d}", chunk
+
+
+def content_sharded(questions: Sequence[Question], shard_size: int,
+                    key: Callable[[Question], str]) -> list[tuple[str, list[Question]]]:
+    """Consecutive shards named by what they hold: ``<dataset>-<hash of the questions' keys>``.
+
+    A shard's name changes whenever one of its questions (``key``: id, content and the settings that change
+    answers) changes, so a rerun never mistakes an old shard for the current one.
+
+    >>> qs = [Question(id=f"q{i}", dataset="my set", domain="free", prompt="p") for i in range(3)]
+    >>> [(n.split("-")[0], len(c)) for n, c in content_sharded(qs, 2, lambda q: q.id)]
+    [('my_set', 2), ('my_set', 1)]
+    >>> content_sharded(qs, 2, lambda q: q.id)[0][0] == content_sharded(qs[:2], 5, lambda q: q.id)[0][0]
+    True
+    """
+    out = []
+    for _, chunk in sharded(questions, shard_size):
+        digest = hashlib.sha256("\x1f".join(key(q) for q in chunk).encode()).hexdigest()[:12]
+        out.append((f"{safe_name(chunk[0].dataset)}-{digest}", chunk))
+    return out

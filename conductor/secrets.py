@@ -105,7 +105,7 @@ def redact(text: str | None) -> str:
 
 
 class RedactingFilter(logging.Filter):
-    """A logging filter that scrubs keys from every record it passes (message and arguments)."""
+    """A logging filter that scrubs keys from every record it passes (message, arguments and traceback)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
@@ -115,7 +115,37 @@ class RedactingFilter(logging.Filter):
         clean = redact(message)
         if clean != message or record.args:
             record.msg, record.args = clean, ()
+        if record.exc_info and record.exc_info[0] is not None:
+            # Handlers format the traceback themselves (SDK errors carry response bodies that echo keys):
+            # hand them the scrubbed text instead of the exception.
+            text = record.exc_text or logging.Formatter().formatException(record.exc_info)
+            record.exc_info, record.exc_text = None, redact(text)
+        elif record.exc_text:
+            record.exc_text = redact(record.exc_text)
         return True
+
+
+PREFECT_LOGGERS = ("prefect", "prefect.flow_runs", "prefect.task_runs")
+
+
+def redact_prefect_logs() -> int:
+    """Scrub keys from everything Prefect logs: its console output and the logs it stores in its database.
+
+    A filter on a logger only sees records logged to that very logger, so the filter goes on every handler
+    of the root logger and of Prefect's loggers (the console handler and the API log handler), where records
+    from all child loggers arrive. Idempotent; call it after Prefect has configured logging (inside a flow).
+    Returns how many handlers were newly covered.
+    """
+    loggers = [logging.getLogger(), *(logging.getLogger(n) for n in PREFECT_LOGGERS)]
+    loggers += [lg for name, lg in list(logging.root.manager.loggerDict.items())
+                if isinstance(lg, logging.Logger) and name.split(".")[0] in ("prefect", "uvicorn", "httpx", "openai")]
+    added = 0
+    for lg in loggers:
+        for target in (lg, *lg.handlers):
+            if not any(isinstance(f, RedactingFilter) for f in target.filters):
+                target.addFilter(RedactingFilter())
+                added += target is not lg
+    return added
 
 
 def redacting_logger(name: str) -> logging.Logger:

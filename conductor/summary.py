@@ -10,20 +10,36 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import polars as pl
 
 
-def run_summary(lake: str, run_id: str, kind: str = "answer") -> tuple[dict[str, Any], pl.DataFrame]:
-    """Headline figures for one run, plus the per-trajectory frame they came from."""
+def run_summary(lake: str, run_id: str, kind: str = "answer",
+                current: Sequence[str] | None = None) -> tuple[dict[str, Any], pl.DataFrame]:
+    """Headline figures for one run, plus the per-trajectory frame they came from.
+
+    ``current``: the trajectory ids of the input as it is now (``RunSpec.trajectory_ids``). Then only those
+    rows count (one per id; a retried row beats its infra-failed predecessor); rows of edited questions or
+    other settings stay in the lake as history and are counted as ``superseded``; ids with no row are
+    ``missing``.
+    """
     from conductor.lake.reader import scan
 
     df = scan(lake, "trajectories", kind=kind, run_id=run_id).select(
-        "question_id", "dataset", "domain", "sample_index", "gold", "final_answer", "extracted_answer",
-        "correct", "reward", "parse_status", "parse_error", "infra_failed", "infra_cause", "n_steps",
-        "n_calls", "n_cache_hits", "tokens", "cost_usd", "wall_s", "recursion_depth",
-    ).collect().sort(["question_id", "sample_index"])
+        "trajectory_id", "question_id", "dataset", "domain", "sample_index", "gold", "final_answer",
+        "extracted_answer", "correct", "reward", "parse_status", "parse_error", "infra_failed", "infra_cause",
+        "n_steps", "n_calls", "n_cache_hits", "tokens", "cost_usd", "wall_s", "recursion_depth",
+    ).collect()
+    superseded = missing = 0
+    if current is not None:
+        wanted = pl.DataFrame({"trajectory_id": list(current)}, schema={"trajectory_id": pl.String})
+        all_rows = df.height
+        df = (df.join(wanted, on="trajectory_id", how="semi").sort("infra_failed")
+              .unique("trajectory_id", keep="first", maintain_order=True))
+        superseded = all_rows - df.height
+        missing = wanted["trajectory_id"].n_unique() - df.height
+    df = df.sort(["question_id", "sample_index"])
     n = df.height
     graded = df.filter(pl.col("correct").is_not_null() & ~pl.col("infra_failed"))
     ok = df.filter(pl.col("parse_status") == "ok")
@@ -47,8 +63,49 @@ def run_summary(lake: str, run_id: str, kind: str = "answer") -> tuple[dict[str,
         "accuracy_by_dataset": {r["dataset"]: r["accuracy"] for r in graded.group_by("dataset").agg(
             pl.col("correct").cast(pl.Float64).mean().alias("accuracy")).sort("dataset").to_dicts()},
         "wall_s_per_trajectory": _mean(df["wall_s"]) if n else None,
+        "missing": missing,
+        "superseded": superseded,
+        "infra_failed_questions": df.filter(pl.col("infra_failed"))["question_id"].n_unique() if n else 0,
+        "infra_causes": _causes(df),
     }
     return summary, df
+
+
+def _causes(df: pl.DataFrame, top: int = 3) -> dict[str, int]:
+    """The most common infrastructure causes, shortest form first line only."""
+    failed = df.filter(pl.col("infra_failed"))
+    if not failed.height:
+        return {}
+    causes = failed.select(pl.col("infra_cause").fill_null("unknown").str.split("\n").list.first().str.slice(0, 200))
+    counted = causes.group_by("infra_cause").len().sort(["len", "infra_cause"], descending=[True, False])
+    return {r["infra_cause"]: int(r["len"]) for r in counted.head(top).to_dicts()}
+
+
+# Exit codes of commands that answer questions (docs/operations.md).
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INFRA, EXIT_PARTIAL = 0, 1, 2, 3, 4
+
+
+def run_outcome(s: dict[str, Any]) -> tuple[int, str | None]:
+    """(exit code, one-line cause or None): 3 when no question got an answer because of infrastructure,
+    4 when some did not (a rerun retries exactly those), 0 otherwise.
+
+    >>> run_outcome({"questions": 4, "infra_failed_questions": 0, "missing": 0, "infra_causes": {}})
+    (0, None)
+    >>> run_outcome({"questions": 4, "infra_failed_questions": 4, "missing": 0, "infra_causes": {"missing_key: X": 4}})
+    (3, '4 of 4 questions failed on infrastructure (missing_key: X x4); rerun the same command to retry them')
+    """
+    failed, missing = int(s.get("infra_failed_questions") or 0), int(s.get("missing") or 0)
+    if not failed and not missing:
+        return EXIT_OK, None
+    total = int(s.get("questions") or 0)
+    causes = "; ".join(f"{c} x{n}" for c, n in (s.get("infra_causes") or {}).items())
+    parts = []
+    if failed:
+        parts.append(f"{failed} of {total} questions failed on infrastructure" + (f" ({causes})" if causes else ""))
+    if missing:
+        parts.append(f"{missing} trajectories were not attempted")
+    code = EXIT_INFRA if failed >= total else EXIT_PARTIAL
+    return code, "; ".join(parts) + "; rerun the same command to retry them"
 
 
 def _mean(s: pl.Series) -> float | None:
@@ -58,7 +115,7 @@ def _mean(s: pl.Series) -> float | None:
 
 def write_answers(df: pl.DataFrame, path: Path) -> Path:
     """One JSON line per trajectory: what was answered and how it graded (atomic write)."""
-    cols = ["question_id", "sample_index", "dataset", "final_answer", "extracted_answer", "gold", "correct",
+    cols = ["question_id", "sample_index", "trajectory_id", "dataset", "final_answer", "extracted_answer", "gold", "correct",
             "reward", "parse_status", "parse_error", "infra_failed", "infra_cause", "n_steps", "n_calls", "cost_usd"]
     lines = [json.dumps(r, ensure_ascii=False) for r in df.select(cols).to_dicts()]
     return atomic_write_text(path, "\n".join(lines) + ("\n" if lines else ""))
@@ -91,4 +148,6 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  calls / question    {s['calls_per_question']:.2f}  (cache hits {s['cache_hits']})",
         f"  dollars / question  ${s['dollars_per_question']:.6f}",
         f"  failures            {s['parse_failures']} unparseable, {s['infra_failures']} infrastructure",
-    ])
+    ] + ([f"  not attempted       {s['missing']} trajectories (a rerun does them)"] if s.get("missing") else [])
+      + ([f"  history             {s['superseded']} older rows of this run kept in the lake (edited questions, "
+          "retried failures)"] if s.get("superseded") else []))

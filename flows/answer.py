@@ -1,32 +1,26 @@
 """Bulk answering: a question set through the conductor and a worker pool, shard by shard, into the lake.
 
-Resumable by construction: the run id is derived from what the run is, every
-shard is committed to the lake atomically, and a rerun skips committed shards
-(after a crash or Ctrl-C only unfinished shards are redone; rows are never
-duplicated because a shard's file name is fixed).
+Resumable by content: the run id is derived from the question set and the settings, every shard is
+committed to the lake atomically, and a rerun answers exactly the questions with no intact, successful
+row for their current content and settings (flows/shards.py): another shard size redoes nothing, an
+edited question redoes itself, infrastructure failures and damaged shard files are retried.
 
     python -m flows.answer gsm8k_test:5 --out runs/demo
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 
 from conductor.pipeline import RunSpec
+from conductor.preflight import derive_run_id  # noqa: F401  (kept importable from here)
 from flows.shards import pending_shards, run_shards
 from tasks.summary import summarize_run
 
 DEFAULT_POOL = str(Path(__file__).resolve().parent.parent / "data" / "pools" / "local.yaml")
-
-
-def derive_run_id(*parts: Any) -> str:
-    """Same inputs, same run id: that is what makes a rerun resume instead of starting over."""
-    return "answer-" + hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 @flow(name="conductor-answer", persist_result=False, log_prints=True)
@@ -35,41 +29,41 @@ def answer_flow(questions: str, out: str, pool: str = DEFAULT_POOL, conductor: s
                 k: int | None = None, seed: int = 0, temperature: float = 0.7, max_tokens: int = 768,
                 run_id: str | None = None, cache: str | None = None, replay: bool = False,
                 show_progress: bool | None = None, lake: str | None = None, fewshot: str = "ood",
-                constrained: bool | None = None, max_steps: int = 5) -> dict[str, Any]:
+                constrained: bool | None = None, max_steps: int = 5, retry_failed: bool = True) -> dict[str, Any]:
     """Answer a question set; trajectories go to the lake (OUT/lake, or any local or s3:// root given),
     answers to OUT/answers.jsonl, a summary and report to OUT."""
-    from conductor.pool import load_pool
+    from conductor.preflight import prepare_answer
     from conductor.progress import RunProgress
-    from conductor.questionset import load_questions
-    from conductor.runtime import checkpoint_of, serving
+    from conductor.runtime import serving
+    from conductor.secrets import redact_prefect_logs
 
+    redact_prefect_logs()
     log = get_run_logger()
-    qs = load_questions(questions, limit)
-    manifest = load_pool(pool)
-    checkpoint = checkpoint_of(conductor)
-    if constrained is None:  # the untrained embedded conductor writes prose too often without the grammar
-        constrained = checkpoint.startswith("embedded:")
-    run_id = run_id or derive_run_id(questions, limit, manifest.id, manifest.fingerprint, checkpoint, samples,
-                                     recursion_depth, k, seed, temperature, max_tokens, fewshot, constrained,
-                                     max_steps)
-    out_dir = Path(out)
-    lake = lake or str(out_dir / "lake")
-    probe = RunSpec(run_id=run_id, kind="answer", pool=manifest)
-    shards, todo = pending_shards(qs, probe, lake, shard_size)
-    log.info("run %s: %d questions in %d shards, pool %s, conductor %s", run_id, len(qs), len(shards), manifest.id, conductor)
-    if len(todo) < len(shards):
-        log.info("resuming: %d of %d shards already in the lake", len(shards) - len(todo), len(shards))
+    inp = prepare_answer(questions, out, pool, conductor, samples=samples, recursion_depth=recursion_depth,
+                         limit=limit, shard_size=shard_size, k=k, seed=seed, temperature=temperature,
+                         max_tokens=max_tokens, run_id=run_id, cache=cache, lake=lake, fewshot=fewshot,
+                         constrained=constrained, max_steps=max_steps)
+    qs, manifest, run_id, lake, out_dir = inp.questions, inp.pool, inp.run_id, inp.lake, inp.out
+    probe = RunSpec(run_id=run_id, kind="answer", pool=manifest, samples=samples, settings_key=inp.settings_key)
+    plan = pending_shards(qs, probe, lake, shard_size, retry_failed)
+    todo = plan.todo
+    log.info("run %s: %d questions, %d to answer in %d shards, pool %s, conductor %s", run_id, len(qs),
+             len(qs) - plan.done_questions, len(todo), manifest.id, conductor)
+    if plan.done_questions:
+        log.info("resuming: %d of %d questions already in the lake", plan.done_questions, len(qs))
+    if plan.retried_questions:
+        log.info("retrying %d questions that failed on infrastructure", plan.retried_questions)
     if todo:
         with serving(manifest, conductor=conductor) as live:
             spec = RunSpec(run_id=run_id, kind="answer", pool=live.pool, checkpoint_id=live.checkpoint_id,
                            samples=samples, subpool_k=k, seed=seed, recursion_depth=recursion_depth,
-                           temperature=temperature, max_tokens=max_tokens, fewshot=fewshot, constrained=constrained,
-                           max_steps=max_steps)
-            executor = live.executor(cache_path=cache or str(out_dir / "cache.sqlite"), replay=replay)
+                           temperature=temperature, max_tokens=max_tokens, fewshot=fewshot,
+                           constrained=inp.constrained, max_steps=max_steps, settings_key=inp.settings_key)
+            executor = live.executor(cache_path=inp.cache, replay=replay)
             with RunProgress(len(qs) * samples, "answering", enabled=show_progress) as progress:
                 progress.skip((len(qs) - sum(len(sq) for _, sq in todo)) * samples)
                 run_shards(todo, spec, lake, live.policy, executor, progress.done)
-    return summarize_run(lake, run_id, str(out_dir))
+    return summarize_run(lake, run_id, str(out_dir), current=plan.current_ids)
 
 
 if __name__ == "__main__":  # pragma: no cover

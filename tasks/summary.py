@@ -11,14 +11,16 @@ from prefect.cache_policies import NONE
 
 
 @task(name="summarize-run", cache_policy=NONE)
-def summarize_run(lake: str, run_id: str, out_dir: str, kind: str = "answer") -> dict[str, Any]:
+def summarize_run(lake: str, run_id: str, out_dir: str, kind: str = "answer",
+                  current: list[str] | None = None) -> dict[str, Any]:
+    """``current``: the trajectory ids of the input as it is now; answers.jsonl holds exactly those."""
     from prefect.artifacts import create_markdown_artifact
 
     from conductor.lake.report import render_report
     from conductor.summary import atomic_write_text, format_summary, run_summary, write_answers
 
     out = Path(out_dir)
-    summary, df = run_summary(lake, run_id, kind)
+    summary, df = run_summary(lake, run_id, kind, current)
     summary["answers"] = str(write_answers(df, out / "answers.jsonl"))
     report = render_report(lake, out / "report", run_id=run_id)
     summary["report"] = str(report.markdown)

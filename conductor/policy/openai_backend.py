@@ -20,6 +20,42 @@ from conductor.policy.base import Generation, GenerationParams
 _LOOPBACK = ("http://127.0.0.1", "http://localhost", "http://[::1]")
 
 
+class EndpointError(RuntimeError):
+    """The conductor's endpoint failed after the client's retries (down, refused the key, timed out).
+
+    Infrastructure, not the workflow: the shard's questions are recorded as infra-failed and a rerun retries
+    them. The message is one redacted line (endpoints echo keys in 401 bodies); the SDK exception, which
+    still holds the key, is not chained.
+    """
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def endpoint_error(model: str, base_url: str | None, e: BaseException) -> EndpointError:
+    """A redacted one-line EndpointError for an OpenAI SDK exception."""
+    import openai
+
+    from conductor.secrets import redact
+
+    if isinstance(e, openai.AuthenticationError | openai.PermissionDeniedError):
+        kind = "auth"
+    elif isinstance(e, openai.APITimeoutError):
+        kind = "timeout"
+    elif isinstance(e, openai.APIConnectionError):
+        kind = "connection"
+    elif isinstance(e, openai.RateLimitError):
+        kind = "rate_limited"
+    elif isinstance(e, openai.InternalServerError):
+        kind = "server"
+    else:
+        kind = "permanent"
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    where = f"{model}@{base_url}" if base_url else model
+    return EndpointError(kind, redact(f"conductor endpoint {where}: {kind}: {type(e).__name__}: {text}"))
+
+
 class OpenAIBackend:
     name = "openai"
 
@@ -28,7 +64,12 @@ class OpenAIBackend:
                  max_retries: int = 4, token_ids: bool = False):
         import openai
 
-        key = os.environ.get(api_key_env) if api_key_env else None
+        from conductor.secrets import register_key_env
+
+        for name in (api_key_env, "OPENAI_API_KEY"):   # whatever key is sent is scrubbed from every error
+            if name:
+                register_key_env(name)
+        key = os.environ.get(api_key_env, "").strip() or None if api_key_env else None
         if api_key_env and not key:
             raise ValueError(f"openai backend: environment variable {api_key_env} is not set")
         if key is None:
@@ -47,8 +88,13 @@ class OpenAIBackend:
         self.client = openai.OpenAI(base_url=base_url, api_key=key, timeout=timeout_s, max_retries=max_retries)
 
     def generate(self, prompts: list[str], n: int, params: GenerationParams) -> list[list[Generation]]:
-        with ThreadPoolExecutor(self.concurrency) as pool:
-            return list(pool.map(lambda p: self._one_prompt(p, n, params), prompts))
+        import openai
+
+        try:
+            with ThreadPoolExecutor(self.concurrency) as pool:
+                return list(pool.map(lambda p: self._one_prompt(p, n, params), prompts))
+        except openai.OpenAIError as e:
+            raise endpoint_error(self.model, self.base_url, e) from None
 
     def _one_prompt(self, prompt: str, n: int, params: GenerationParams) -> list[Generation]:
         messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else []) + [

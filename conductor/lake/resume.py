@@ -1,0 +1,107 @@
+"""What a rerun may skip: the trajectories of a run already committed intact to the lake.
+
+Resume is keyed by content, not by file layout: a flow asks which trajectory ids of a run are committed
+(the ids hash the question, its content and the settings that change answers; ``RunSpec.trajectory_ids``)
+and redoes every question that has none, whatever shard size wrote the others. Rows that failed on
+infrastructure do not count as done, so a rerun retries them. A shard whose files are damaged (an
+unreadable trajectories file, or a calls file that is missing, unreadable or from another write) is moved
+aside under a hidden name, which every reader ignores, and its questions are redone.
+
+This module is the one place that decides "done"; lake compaction extends ``run_files``/``committed``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from conductor.lake.schema import METADATA_WRITE_KEY
+from conductor.lake.storage import LakeLocation, check_key, open_location
+
+log = logging.getLogger("conductor.lake")
+
+
+@dataclass
+class RunState:
+    """A run's committed trajectory ids, split by outcome, and the shard files found damaged."""
+
+    done: set[str] = field(default_factory=set)       # committed, not infra-failed
+    failed: set[str] = field(default_factory=set)     # committed, infra-failed (a rerun retries them)
+    damaged: list[str] = field(default_factory=list)  # shard files moved aside (their questions are redone)
+
+
+def run_files(loc: LakeLocation, table: str, kind: str, run_id: str) -> list[str]:
+    """Visible Parquet files of one table for (kind, run_id), any date."""
+    pattern = loc.path(table, f"kind={check_key('kind', kind)}", "date=*", f"run_id={check_key('run_id', run_id)}",
+                       "*.parquet")
+    loc.fs.invalidate_cache(loc.path(table))
+    return sorted(p for p in loc.fs.glob(pattern) if not p.rsplit("/", 1)[-1].startswith((".", "_")))
+
+
+def committed(lake_root: "str | LakeLocation", kind: str, run_id: str, *, repair: bool = True,
+              storage_options: dict[str, Any] | None = None) -> RunState:
+    """The trajectory ids of ``run_id`` committed intact; with ``repair`` damaged shards are moved aside."""
+    loc = open_location(lake_root, storage_options)
+    state = RunState()
+    for traj_path in run_files(loc, "trajectories", kind, run_id):
+        calls_path = _calls_twin(loc, traj_path)
+        try:
+            ids, failed = _read_shard(loc, traj_path, calls_path)
+        except _Damaged as e:
+            log.warning("lake: shard %s is damaged (%s); its questions will be redone", loc.uri(traj_path), e)
+            if repair:
+                _move_aside(loc, traj_path, calls_path)
+            state.damaged.append(loc.uri(traj_path))
+            continue
+        for tid, bad in zip(ids, failed):
+            (state.failed if bad else state.done).add(tid)
+    state.failed -= state.done   # a later successful attempt wins
+    return state
+
+
+class _Damaged(Exception):
+    pass
+
+
+def _calls_twin(loc: LakeLocation, traj_path: str) -> str:
+    rel = traj_path[len(loc.path("trajectories")):]
+    return loc.path("calls") + rel
+
+
+def _write_id(loc: LakeLocation, path: str, what: str) -> bytes | None:
+    try:
+        with loc.fs.open(path, "rb") as fh:
+            meta = pq.read_metadata(fh)
+    except FileNotFoundError:
+        raise _Damaged(f"{what} file missing") from None
+    except Exception as e:  # noqa: BLE001 - any unreadable footer means a damaged file
+        raise _Damaged(f"{what} file unreadable: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    return (meta.metadata or {}).get(METADATA_WRITE_KEY)
+
+
+def _read_shard(loc: LakeLocation, traj_path: str, calls_path: str) -> tuple[list[str], list[bool]]:
+    write_id = _write_id(loc, traj_path, "trajectories")
+    if _write_id(loc, calls_path, "calls") != write_id:
+        raise _Damaged("calls file belongs to another write")
+    try:
+        with loc.fs.open(traj_path, "rb") as fh:
+            table = pq.read_table(fh, columns=["trajectory_id", "infra_failed"])
+    except Exception as e:  # noqa: BLE001 - a footer that reads but pages that do not
+        raise _Damaged(f"trajectories file unreadable: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    return table.column("trajectory_id").to_pylist(), [bool(x) for x in table.column("infra_failed").to_pylist()]
+
+
+def _move_aside(loc: LakeLocation, *paths: str) -> None:
+    """Rename to a hidden name (kept for inspection, ignored by readers) so the shard can be rewritten."""
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    for p in paths:
+        directory, name = p.rsplit("/", 1)
+        try:
+            if loc.fs.exists(p):
+                loc.fs.mv(p, f"{directory}/.{name}.damaged-{stamp}")
+        except OSError as e:
+            log.warning("lake: cannot move damaged %s aside: %s", loc.uri(p), e)

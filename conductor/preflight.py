@@ -1,0 +1,246 @@
+"""Check a run's inputs before anything starts: one plain function the CLI calls before Prefect starts and
+the flow calls again, so a mistake is one ``error:`` line at once, never a traceback after minutes of work.
+
+``prepare_answer`` resolves everything an answer run needs (questions, pool, conductor checkpoint, few-shot
+policy, sub-pool size, run id, output, lake and cache paths) and the key of the settings that change
+answers; ``RunSpec.settings_key`` folds that key into every trajectory id, which is what makes a rerun
+resume by content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from conductor.pool import Pool
+    from conductor.questions import Question
+
+
+class UsageError(ValueError):
+    """Bad input to a command: the message is one line naming the option, file or field."""
+
+
+@dataclass(frozen=True)
+class AnswerInputs:
+    """What an answer run works from, every part checked."""
+
+    questions: list["Question"]
+    pool: "Pool"
+    checkpoint: str
+    constrained: bool
+    run_id: str
+    settings_key: str
+    out: Path
+    lake: str
+    cache: str
+
+
+def first_line(e: BaseException) -> str:
+    """An exception as one redacted line (its type when it has no message)."""
+    from conductor.secrets import redact
+
+    text = str(e).strip()
+    return redact(text.splitlines()[0] if text else type(e).__name__)
+
+
+def settings_key(*settings: Any) -> str:
+    """Hash of the settings that change answers (pool fingerprint, checkpoint, sampling, ...)."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def derive_run_id(questions: str, key: str) -> str:
+    """Same question set and settings, same run id: that is what makes a rerun resume instead of starting
+    over. The limit is not part of it (a larger ``--limit`` adds to the run), nor is the shard size."""
+    return "answer-" + hashlib.sha256(json.dumps([questions.strip(), key]).encode()).hexdigest()[:12]
+
+
+def prepare_answer(questions: str, out: str | os.PathLike[str], pool: str | os.PathLike[str], conductor: str = "auto",
+                   samples: int = 1, recursion_depth: int = 0, limit: int | None = None, shard_size: int = 5,
+                   k: int | None = None, seed: int = 0, temperature: float = 0.7, max_tokens: int = 768,
+                   run_id: str | None = None, cache: str | None = None, lake: str | None = None,
+                   fewshot: str = "ood", constrained: bool | None = None, max_steps: int = 5) -> AnswerInputs:
+    """Every check an answer run needs, cheapest first; UsageError (one line) on the first mistake."""
+    check_numbers(samples=samples, recursion_depth=recursion_depth, limit=limit, shard_size=shard_size,
+                  temperature=temperature, max_tokens=max_tokens, max_steps=max_steps)
+    check_fewshot(fewshot)
+    if run_id is not None:
+        check_run_id(run_id)
+    manifest = check_pool(pool)
+    check_k(k, manifest, conductor)
+    checkpoint = check_conductor(conductor, manifest, max_steps)
+    qs = check_questions(questions, limit)
+    out_dir = Path(out)
+    check_writable_dir(out_dir, "--out")
+    lake = lake or str(out_dir / "lake")
+    if "://" not in lake or lake.startswith("file://"):
+        check_writable_dir(Path(lake.removeprefix("file://")), "--lake")
+    cache = cache or str(out_dir / "cache.sqlite")
+    check_file_path(Path(cache), "--cache")
+    if constrained is None:   # the untrained embedded conductor writes prose too often without the grammar
+        constrained = checkpoint.startswith("embedded:")
+    key = settings_key(manifest.id, manifest.fingerprint, checkpoint, samples, recursion_depth, k, seed,
+                       temperature, max_tokens, fewshot, constrained, max_steps)
+    return AnswerInputs(questions=qs, pool=manifest, checkpoint=checkpoint, constrained=constrained,
+                        run_id=run_id or derive_run_id(questions, key), settings_key=key, out=out_dir, lake=lake,
+                        cache=cache)
+
+
+def check_numbers(**values: Any) -> None:
+    """Counts are positive integers (recursion depth may be 0); temperatures are finite and not negative."""
+    for name, v in values.items():
+        if v is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if name == "temperature":
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise UsageError(f"{flag} must be a finite number >= 0, not {v!r}")
+            continue
+        low = 0 if name == "recursion_depth" else 1
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise UsageError(f"{flag} must be an integer >= {low}, not {v!r}")
+
+
+def check_fewshot(fewshot: str) -> None:
+    from conductor.prompts import select_fewshot
+
+    try:
+        select_fewshot(fewshot)
+    except (ValueError, OSError, KeyError) as e:
+        raise UsageError(f"--fewshot {fewshot!r}: {first_line(e)}") from None
+
+
+def check_run_id(run_id: str) -> None:
+    from conductor.lake.storage import check_key
+
+    try:
+        check_key("--run-id", run_id)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def check_pool(path: str | os.PathLike[str]) -> "Pool":
+    """Load a manifest and check each worker's provider options (a simulated skill of 7.5 is a mistake)."""
+    from conductor.pool import PoolError, load_pool
+
+    try:
+        manifest = load_pool(path)
+    except PoolError as e:
+        raise UsageError(str(e)) from None
+    check_worker_options(manifest, str(path))
+    return manifest
+
+
+def check_worker_options(manifest: "Pool", source: str = "<pool>") -> None:
+    """Provider-specific ``options`` are validated by their provider; check them before any call."""
+    from pydantic import ValidationError
+
+    from conductor.providers.simulated import SimulatedOptions
+
+    for i, w in enumerate(manifest.workers):
+        if w.provider != "simulated":
+            continue
+        try:
+            SimulatedOptions.model_validate(w.options)
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise UsageError(f"{source}: workers[{i}] ({w.name}).options.{where}: {err['msg']}") from None
+
+
+def check_k(k: int | None, manifest: "Pool", conductor: str) -> None:
+    if k is None:
+        return
+    from conductor.policy.strategies import is_strategy
+
+    n = len(manifest.workers)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n:
+        raise UsageError(f"--k {k}: must be between 1 and the pool's {n} workers")
+    if is_strategy(conductor):
+        raise UsageError(f"--k {k}: strategy {conductor!r} runs over the whole pool; drop --k")
+
+
+def check_conductor(spec: str, manifest: "Pool", max_steps: int) -> str:
+    """The checkpoint id a conductor spec stands for, or UsageError: strategies are checked against the pool,
+    ``champion`` needs a promoted champion, model specs need their files, packages and key variables."""
+    from conductor.policy.factory import PolicySpecError, check_spec
+    from conductor.policy.strategies import StrategyError, check_strategy, is_strategy
+    from conductor.registry import RegistryError
+    from conductor.runtime import checkpoint_of
+
+    try:
+        if is_strategy(spec):
+            check_strategy(spec, manifest, max_steps)
+        elif spec == "auto" or spec.startswith("champion"):
+            _check_champion(spec)
+        else:
+            check_spec(spec)
+        return checkpoint_of(spec)
+    except (PolicySpecError, StrategyError, RegistryError, OSError) as e:
+        raise UsageError(f"--conductor: {first_line(e)}") from None
+
+
+def _check_champion(spec: str) -> None:
+    import fsspec
+
+    from conductor.registry import Registry, RegistryError
+    from conductor.runtime import registry_uri
+
+    uri = spec.partition("@")[2] or registry_uri()
+    if spec != "auto" and spec.partition("@")[0] != "champion":
+        raise UsageError(f"--conductor {spec!r}: expected champion or champion@REGISTRY")
+    fs, path = fsspec.core.url_to_fs(uri)
+    if not fs.exists(path):
+        if spec == "auto":
+            return
+        raise RegistryError(f"registry {uri} does not exist, so it has no champion")
+    if fs.isfile(path):
+        raise RegistryError(f"registry {uri} is a file, not a registry directory")
+    if Registry.open(uri).champion is None and spec != "auto":
+        raise RegistryError(f"registry {uri}: no champion has been promoted yet")
+
+
+def check_questions(spec: str, limit: int | None) -> list["Question"]:
+    from conductor.datasets import DatasetError
+    from conductor.questionset import load_questions
+
+    try:
+        qs = load_questions(spec, limit)
+    except (DatasetError, ValueError, OSError) as e:
+        raise UsageError(first_line(e)) from None
+    if not qs:
+        raise UsageError(f"{spec}: no questions to answer")
+    return qs
+
+
+def check_writable_dir(path: Path, flag: str) -> None:
+    """``path`` is (or can be created as) a directory this process can write into; nothing is created."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path}: exists and is not a directory")
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UsageError(f"{flag} {path}: {probe} is not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=probe, prefix=".conductor-probe-"):
+            pass
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot write in {probe} ({e.strerror or e})") from None
+
+
+def check_file_path(path: Path, flag: str) -> None:
+    """A file this process may create or update."""
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory, expected a file")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"{flag} {path}: not writable")
+    check_writable_dir(path.parent, flag)
