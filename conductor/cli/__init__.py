@@ -30,6 +30,7 @@ from conductor.cli import models_cmd as _models_cmd  # noqa: E402,F401
 from conductor.cli import prompt_cmd as _prompt_cmd  # noqa: E402,F401
 from conductor.cli import grade_cmd as _grade_cmd  # noqa: E402,F401
 from conductor.cli import query_cmd as _query_cmd  # noqa: E402,F401
+from conductor.cli import lake_cmd as _lake_cmd  # noqa: E402,F401
 from conductor.cli import answer_cmd as _answer_cmd  # noqa: E402,F401
 from conductor.cli import learn_cmd as _learn_cmd  # noqa: E402,F401
 from conductor.cli import deploy_cmd as _deploy_cmd  # noqa: E402,F401

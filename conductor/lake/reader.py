@@ -22,6 +22,7 @@ from conductor.lake.schema import (
     METADATA_VERSION_KEY, METADATA_WRITE_KEY, PARTITION_KEYS, SCHEMA_VERSION, SCHEMAS, LakeSchemaError, file_schema,
     trajectory_from_row,
 )
+from conductor.lake.manifest import Visibility, load_visibility
 from conductor.lake.storage import LakeLocation, open_location
 from conductor.trajectory import Trajectory
 
@@ -100,6 +101,10 @@ def _partition_values(rel: str) -> dict[str, str]:
     return out
 
 
+class _Vanished(Exception):
+    """A listed file was gone when opened."""
+
+
 @dataclass
 class Lake:
     """An opened lake: validated file lists per table, cached for the life of the object."""
@@ -108,6 +113,7 @@ class Lake:
     skipped: list[str] = field(default_factory=list)     # corrupt files, by URI
     _files: dict[tuple[str, tuple[tuple[str, str], ...]], list[str]] = field(default_factory=dict)
     _write_ids: dict[tuple[str, str], bytes | None] = field(default_factory=dict)   # (table, rel) -> id
+    _visibility: Visibility | None = None
 
     @property
     def url(self) -> str:
@@ -126,10 +132,28 @@ class Lake:
             return self._files[key]
         if table == "calls":   # calls are visible only once their trajectories file is committed
             self.list_files("trajectories", **partitions)
+        for attempt in range(3):
+            try:
+                self._files[key] = self._list(table, want)
+                break
+            except _Vanished:      # a compaction committed and deleted files since the listing: list again
+                self._visibility = None
+                if attempt == 2:
+                    raise
+        return self._files[key]
+
+    def visibility(self) -> Visibility:
+        """Which files compaction has superseded (read once per Lake from the compacted files' footers)."""
+        if self._visibility is None:
+            self._visibility = load_visibility(self.location)
+        return self._visibility
+
+    def _list(self, table: str, want: tuple[tuple[str, str], ...]) -> list[str]:
         loc = self.location
         base = loc.path(table)
         loc.fs.invalidate_cache(base)   # s3fs caches listings; other processes may have written since
         paths = sorted(loc.fs.glob(base + "/**/*.parquet")) if loc.fs.exists(base) else []
+        vis = self.visibility()
         good: list[str] = []
         for p in paths:
             rel = p[len(base.rstrip("/")) + 1:] if p.startswith(base) else p.split(f"/{table}/", 1)[-1]
@@ -138,10 +162,14 @@ class Lake:
             values = _partition_values(rel)
             if any(values.get(k) != v for k, v in want):
                 continue
+            if vis.hides((values.get("kind", ""), values.get("run_id", "")), rel.rsplit("/", 1)[-1]):
+                continue   # superseded by a committed compacted file (conductor/lake/manifest.py)
             uri = loc.uri(p)
             try:
                 with loc.fs.open(p, "rb") as fh:
                     meta = pq.read_metadata(fh)
+            except FileNotFoundError:
+                raise _Vanished(uri) from None
             except Exception as e:   # noqa: BLE001 - any unreadable footer means a corrupt file
                 msg = f"lake: skipping corrupt file {uri}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
                 log.warning(msg)
@@ -158,7 +186,6 @@ class Lake:
                 log.info("lake: %s was written with schema v%s (this reader: v%d); new columns ignored",
                          uri, version.decode(), SCHEMA_VERSION)
             good.append(uri)
-        self._files[key] = good
         return good
 
     def _committed(self, rel: str, write_id: bytes | None, uri: str) -> bool:

@@ -19,7 +19,8 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
@@ -27,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from conductor.lake.manifest import Manifest, compacted_name, load_visibility
 from conductor.lake.schema import PARTITION_KEYS, call_rows, file_schema, trajectory_row
 from conductor.lake.storage import LakeLocation, check_key, open_location
 from conductor.trajectory import Trajectory
@@ -80,18 +82,25 @@ def _first_bad_field(rows: list[dict[str, Any]], schema: pa.Schema) -> str | Non
 
 
 def _write_file(loc: LakeLocation, table: pa.Table, final: str) -> None:
+    with atomic_output(loc, final) as f:
+        pq.write_table(table, f, compression="zstd")
+
+
+@contextmanager
+def atomic_output(loc: LakeLocation, final: str) -> Iterator[Any]:
+    """A binary file that appears under ``final`` only once fully written (or not at all)."""
     directory = final.rsplit("/", 1)[0]
     loc.fs.makedirs(directory, exist_ok=True)
     if not loc.is_local:
         # One S3 object; it becomes visible only when the (multipart) upload completes.
         with loc.fs.open(final, "wb") as f:
-            pq.write_table(table, f, compression="zstd")
+            yield f
         return
     name = final.rsplit("/", 1)[1]
     tmp = f"{directory}/.{name}.{uuid.uuid4().hex}.tmp"
     try:
         with open(tmp, "wb") as f:
-            pq.write_table(table, f, compression="zstd")
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
@@ -161,6 +170,7 @@ def write_shard(lake_root: str | LakeLocation, trajectories: Iterable[Trajectory
             _write_file(loc, table, final)
             written.append(final)
         _remove_other_dates(loc, kind, run_id, date, name)
+        _evict(loc, kind, run_id, shard_id)
         log.info("lake: wrote shard %s (%d trajectories) to %s", shard_id, len(items), loc.uri(loc.path(part)))
     return written
 
@@ -180,10 +190,100 @@ def _remove_other_dates(loc: LakeLocation, kind: str, run_id: str, keep_date: st
                 log.info("lake: removed superseded %s", loc.uri(path))
 
 
+def _evict(loc: LakeLocation, kind: str, run_id: str, shard_id: str) -> None:
+    """A rewritten shard leaves the compacted file that held its old rows: that file is rewritten
+    without them, and its commit reveals the new shard files in the same atomic step (until then
+    the compacted file hides them, so readers see the old rows or the new ones, never both)."""
+    vis = load_visibility(loc, kind, run_id)
+    for (_, name), m in list(vis.visible.items()):
+        if shard_id not in m.shards:
+            continue
+        for traj in loc.fs.glob(loc.path("trajectories", f"kind={kind}", "date=*", f"run_id={run_id}", name)):
+            part = traj[len(loc.path("trajectories")) + 1:].rsplit("/", 1)[0]
+            calls = loc.path("calls", part, name)
+            rest = m.shards - {shard_id}
+            if rest:
+                new = compacted_name(name, f"-{shard_id}")
+                write_merged(loc, part, new, [(traj, calls if loc.fs.exists(calls) else None)],
+                             Manifest(rest, frozenset({name})), drop_shards=frozenset({shard_id}))
+            for path in (traj, calls):           # trajectories first: an orphan calls file is invisible
+                if loc.fs.exists(path):
+                    loc.fs.rm(path)
+            log.info("lake: shard %s rewritten; removed it from compacted %s", shard_id, loc.uri(traj))
+
+
 def shard_done(lake_root: str | LakeLocation, kind: str, run_id: str, shard_id: str,
                *, storage_options: dict[str, Any] | None = None) -> bool:
-    """True when the shard's trajectories file (its commit marker) exists, so a flow can skip it."""
+    """True when the shard is committed, so a flow can skip it: its trajectories file (the commit
+    marker) exists, or a compacted file that holds its rows does (conductor/lake/manifest.py)."""
     loc = open_location(lake_root, storage_options)
     pattern = loc.path("trajectories", f"kind={check_key('kind', kind)}", "date=*",
                        f"run_id={check_key('run_id', run_id)}", shard_file_name(shard_id))
-    return bool(loc.fs.glob(pattern))
+    if loc.fs.glob(pattern):
+        return True
+    return load_visibility(loc, kind, run_id).holder((kind, run_id), shard_id) is not None
+
+
+# ------------------------------------------------------------------ compacted files
+
+ROW_GROUP_BYTES = 64 * 1024 * 1024     # buffered before a row group is written: fast scans, bounded memory
+
+
+def write_merged(loc: LakeLocation, part: str, name: str, sources: list[tuple[str, str | None]],
+                 manifest: Manifest, drop_shards: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Stream committed (trajectories, calls-or-None) file pairs into one pair ``part/name``, committed
+    like a shard: calls first, then trajectories, whose footer carries the manifest. Rows of
+    ``drop_shards`` are left out. Returns the rows written per table and the pair's write_id."""
+    write_id = uuid.uuid4().hex
+    dropped = _trajectory_ids(loc, [t for t, _ in sources], drop_shards) if drop_shards else set()
+    rows = {}
+    for table, paths in (("calls", [c for _, c in sources if c]), ("trajectories", [t for t, _ in sources])):
+        schema = file_schema(table, write_id)
+        if table == "trajectories":
+            schema = schema.with_metadata({**(schema.metadata or {}), **manifest.metadata()})
+        with atomic_output(loc, loc.path(table, part, name)) as f, \
+                pq.ParquetWriter(f, schema, compression="zstd") as out:
+            rows[table] = _stream(loc, paths, schema, out, dropped)
+    return {**rows, "write_id": write_id}
+
+
+def _trajectory_ids(loc: LakeLocation, paths: list[str], shards: frozenset[str]) -> set[str]:
+    out: set[str] = set()
+    for p in paths:
+        with loc.fs.open(p, "rb") as fh:
+            t = pq.read_table(fh, columns=["trajectory_id", "shard"])
+        out.update(tid for tid, sh in zip(t.column("trajectory_id").to_pylist(), t.column("shard").to_pylist())
+                   if sh in shards)
+    return out
+
+
+def _stream(loc: LakeLocation, paths: list[str], schema: pa.Schema, out: pq.ParquetWriter, drop: set[str]) -> int:
+    """Copy every row of ``paths`` (conformed to ``schema``) into ``out`` in row groups of ~ROW_GROUP_BYTES."""
+    buf: list[pa.RecordBatch] = []
+    size = rows = 0
+    for p in paths:
+        with loc.fs.open(p, "rb") as fh:
+            for batch in pq.ParquetFile(fh).iter_batches(batch_size=4096):
+                batch = _conform(batch, schema)
+                if drop:
+                    batch = batch.filter(pc.invert(pc.is_in(batch.column("trajectory_id"),
+                                                            pa.array(sorted(drop), pa.string()))))
+                buf.append(batch)
+                size += batch.nbytes
+                rows += batch.num_rows
+                if size >= ROW_GROUP_BYTES:
+                    out.write_table(pa.Table.from_batches(buf, schema), row_group_size=1 << 30)
+                    buf, size = [], 0
+    if buf:
+        out.write_table(pa.Table.from_batches(buf, schema), row_group_size=1 << 30)
+    return rows
+
+
+def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """A batch with exactly ``schema``'s columns: older files' missing columns become nulls."""
+    cols = []
+    for f in schema:
+        idx = batch.schema.get_field_index(f.name)
+        col = batch.column(idx) if idx >= 0 else pa.nulls(batch.num_rows, f.type)
+        cols.append(col if col.type.equals(f.type) else col.cast(f.type))
+    return pa.RecordBatch.from_arrays(cols, schema=schema)
