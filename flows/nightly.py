@@ -22,6 +22,38 @@ from flows.train import train_flow
 
 
 
+def _save_json(path: Path, data: dict[str, Any]) -> None:
+    import json
+
+    from conductor.summary import atomic_write_text
+
+    atomic_write_text(path, json.dumps(data, indent=1))
+
+
+def _tracking(tracking_uri: str | None, work: Path, night: str, reports: Path, log: Any) -> dict[str, Any] | None:
+    """MLflow settings for this night's run (one run per night; a rerun continues it), or None."""
+    import importlib.util
+    import json
+
+    from conductor.grpo.tracking import default_tracking_uri
+
+    if tracking_uri == "none":
+        return None
+    if importlib.util.find_spec("mlflow") is None:
+        if tracking_uri:
+            raise ValueError(f"tracking_uri {tracking_uri!r}: mlflow is not installed (install the 'mlflow' extra)")
+        log.warning("mlflow is not installed: per-iteration metrics go to the report only")
+        return None
+    saved = reports / "mlflow.json"
+    uri = tracking_uri or default_tracking_uri(work)
+    tracking: dict[str, Any] = {"uri": uri, "experiment": "conductor-nightly", "run_name": f"nightly-{night}"}
+    if saved.is_file():
+        prev = json.loads(saved.read_text())
+        if prev.get("tracking_uri") == uri:
+            tracking["run_id"] = prev.get("run_id")
+    return tracking
+
+
 def night_usage(lake: str, night: str) -> dict[str, float]:
     """Calls and dollars spent by this night's runs so far (read from the lake, so resumes count too)."""
     import polars as pl
@@ -59,10 +91,17 @@ def nightly_flow(pool: str, train_questions: str, eval_questions: str, work_dir:
                  baselines: bool = True, force: bool = False, max_calls: int | None = None,
                  max_dollars: float | None = None, max_hours: float | None = None,
                  promotion: dict[str, Any] | None = None, shard_size: int = 4,
-                 backend: str = "transformers", lake: str | None = None, fewshot: str = "ood") -> dict[str, Any]:
+                 backend: str = "transformers", lake: str | None = None, fewshot: str = "ood",
+                 tracking_uri: str | None = None, conductor_format: dict[str, Any] | None = None) -> dict[str, Any]:
     """``base``: the checkpoint to start from when there is no champion (directory, .gguf or s3:// URL);
     ``backend``: the policy backend that samples rollouts from a checkpoint (``vllm`` on GPU nodes);
-    ``lake``: where trajectories go (default WORK_DIR/lake; a local path or s3://)."""
+    ``lake``: where trajectories go (default WORK_DIR/lake; a local path or s3://).
+    ``tracking_uri``: MLflow tracking for the per-iteration metrics, one run per night (default
+    ``$MLFLOW_TRACKING_URI`` or a file store at WORK_DIR/mlruns; ``"none"`` turns it off; skipped with a
+    warning when mlflow is not installed); the curves are also drawn to the night's report directory.
+    ``conductor_format``: a decoding contract for the base (``conductor.grpo.format``: subtask vocabulary,
+    steps, plan line) written next to its HF copy, so every rollout, evaluation and answer with it and its
+    trained descendants decodes under that grammar (how an untrained small conductor gets a learning signal)."""
     from prefect.artifacts import create_markdown_artifact
 
     from conductor.evaluation import EvalReport
@@ -87,6 +126,10 @@ def nightly_flow(pool: str, train_questions: str, eval_questions: str, work_dir:
     manifest = load_pool(pool)
     fp = manifest.fingerprint
 
+    if conductor_format:
+        from conductor.grpo.format import ConductorFormat, formatted_base
+
+        base = str(formatted_base(base, ConductorFormat.from_json(conductor_format), work / "base"))
     champion = reg.champion
     if champion is None:  # the untrained base is the first champion: a candidate must beat it to replace it
         entry = reg.register(base, lineage={"pool_id": manifest.id, "pool_fingerprint": None, "role": "base"},
@@ -110,6 +153,8 @@ def nightly_flow(pool: str, train_questions: str, eval_questions: str, work_dir:
     current, current_id = champion.uri, champion.checkpoint_id
     its: list[dict[str, Any]] = []
     stopped = None
+    tracking = _tracking(tracking_uri, work, night, reports, log)
+    metrics_history: list[dict[str, Any]] = []
     for i in range(iterations):
         run_id = f"nightly-{night}-it{i}"
         roll = rollout_flow(questions=train_questions, lake=lake, pool=pool, conductor=_spec(current), run_id=run_id,
@@ -123,7 +168,12 @@ def nightly_flow(pool: str, train_questions: str, eval_questions: str, work_dir:
             break
         ckpt_id = f"nightly-{night}-it{i}"
         out = str(work / "checkpoints" / ckpt_id)
-        trained = train_flow(base=current, lake=lake, run_id=run_id, out=out, checkpoint_id=ckpt_id, config=grpo)
+        trained = train_flow(base=current, lake=lake, run_id=run_id, out=out, checkpoint_id=ckpt_id, config=grpo,
+                             reference=champion.uri, tracking=tracking, step=i + 1)
+        if tracking is not None and trained.get("mlflow_run_id"):
+            tracking["run_id"] = trained["mlflow_run_id"]
+            _save_json(reports / "mlflow.json", {"tracking_uri": tracking["uri"], "run_id": tracking["run_id"]})
+        metrics_history.append({**trained["metrics"], "iteration": i + 1})
         lineage = {**read_lineage(trained["uri"]), "pool_id": manifest.id, "pool_fingerprint": fp, "night": night}
         if ckpt_id not in reg.backend.checkpoints():
             reg.register(trained["uri"], lineage=lineage, checkpoint_id=ckpt_id)
@@ -133,6 +183,14 @@ def nightly_flow(pool: str, train_questions: str, eval_questions: str, work_dir:
         if (stopped := over_budget(night_usage(lake, night), started, max_calls, max_dollars, max_hours)):
             break
 
+    if metrics_history:
+        from conductor.grpo.tracking import plot_curves
+
+        curves = plot_curves(metrics_history, reports / "training-curves.png", title=f"nightly {night}: GRPO")
+        if tracking is not None and tracking.get("run_id"):
+            from conductor.grpo.tracking import MetricsTracker
+
+            MetricsTracker(tracking["uri"], run_id=tracking["run_id"]).log_artifact(curves)
     decision = evaluation = None
     points: list[Point] = []
     eval_run = None

@@ -17,7 +17,7 @@ from prefect.cache_policies import NONE
 
 @task(name="grpo-step", cache_policy=NONE, timeout_seconds=None)
 def grpo_step_task(base: str, lake: str, run_id: str, out: str, checkpoint_id: str, config: dict[str, Any],
-                   nproc_per_node: int = 1) -> dict[str, Any]:
+                   nproc_per_node: int = 1, reference: str | None = None) -> dict[str, Any]:
     from conductor.grpo.config import GRPOConfig
 
     cfg = GRPOConfig(**config) if config else GRPOConfig()
@@ -35,17 +35,36 @@ def grpo_step_task(base: str, lake: str, run_id: str, out: str, checkpoint_id: s
     trajectories = load_trajectories(lake, run_id, kind="rollout")
     if not trajectories:
         raise ValueError(f"lake {lake}: rollout run {run_id!r} has no trajectories")
-    path, metrics = grpo_step(base, trajectories, cfg, out=out, checkpoint_id=checkpoint_id)
+    path, metrics = grpo_step(base, trajectories, cfg, out=out, checkpoint_id=checkpoint_id, reference=reference)
     return {"uri": path, "checkpoint_id": checkpoint_id, "metrics": metrics}
+
+
+def log_metrics(tracking: dict[str, Any], metrics: dict[str, Any], step: int, params: dict[str, Any] | None = None) -> str:
+    """Log one iteration's metrics to MLflow (``tracking``: ``uri``, ``experiment``, and ``run_id`` or
+    ``run_name``); returns the run id so the next iteration continues the same run."""
+    from conductor.grpo.tracking import DEFAULT_EXPERIMENT, MetricsTracker
+
+    tracker = MetricsTracker(tracking["uri"], tracking.get("experiment") or DEFAULT_EXPERIMENT,
+                             run_id=tracking.get("run_id"), run_name=tracking.get("run_name"))
+    if params:
+        tracker.log_params(params)
+    tracker.log(metrics, step=step)
+    return tracker.run_id
 
 
 @flow(name="conductor-train", persist_result=False)
 def train_flow(base: str, lake: str, run_id: str, out: str, checkpoint_id: str, registry: str | None = None,
-               config: dict[str, Any] | None = None, nproc_per_node: int | None = None) -> dict[str, Any]:
+               config: dict[str, Any] | None = None, nproc_per_node: int | None = None,
+               reference: str | None = None, tracking: dict[str, Any] | None = None,
+               step: int | None = None) -> dict[str, Any]:
     """``base`` is a checkpoint directory, a .gguf file or an s3:// checkpoint URL; ``out`` the new checkpoint.
 
     ``nproc_per_node``: training processes (GPUs) for ``distributed: fsdp``; None = one per visible GPU when
     the config says fsdp, else 1. With more than one the step runs under ``torchrun``.
+    ``reference``: the starting policy KL is measured against (``track_kl``) or penalised to (``kl_beta``);
+    default ``base``. ``tracking``: MLflow settings (``uri``, ``experiment``, ``run_id``/``run_name``); the
+    step's metrics are logged there at ``step`` (default: the checkpoint's iteration) and the result carries
+    ``mlflow_run_id``. A resumed step (checkpoint already saved) logs nothing twice.
     """
     from conductor.registry import Registry, read_lineage
 
@@ -58,8 +77,12 @@ def train_flow(base: str, lake: str, run_id: str, out: str, checkpoint_id: str, 
         from conductor.grpo.launch import processes_for
 
         result = grpo_step_task(base, lake, run_id, out, checkpoint_id, config or {},
-                                processes_for(config or {}, nproc_per_node))
+                                processes_for(config or {}, nproc_per_node), reference)
         log.info("GRPO step on %s -> %s: %s", run_id, result["uri"], result["metrics"])
+    if tracking:
+        metrics = {**result["metrics"], "rollout_run": run_id}
+        result["mlflow_run_id"] = log_metrics(tracking, metrics, step if step is not None else
+                                              int(metrics.get("iteration") or 0), {"grpo": config or {}, "base": base})
     if registry:
         reg = Registry.open(registry)
         if checkpoint_id not in reg.backend.checkpoints():

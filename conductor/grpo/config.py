@@ -41,6 +41,8 @@ class GRPOConfig(BaseModel):
     clip_eps_low: float = Field(0.2, gt=0, lt=1)       # the paper's "eps = 0.2"
     clip_eps_high: float = Field(0.2, gt=0)            # DAPO's clip-higher uses 0.28
     kl_beta: float = Field(0.0, ge=0)                  # paper: no KL, no reference model
+    track_kl: bool = False                             # monitor KL to the starting policy even when beta = 0
+                                                       # (loads a frozen reference: free with LoRA, a model copy else)
     loss_aggregation: LossAggregation = "sequence-mean"
     max_completion_tokens: int = Field(1024, gt=0)     # also the dr-grpo normaliser
     advantage_scale: Literal["group", "none"] = "group"

@@ -80,9 +80,16 @@ def masked_mean(x: "torch.Tensor", mask: "torch.Tensor") -> float:
     return float((x * m).sum() / m.sum().clamp(min=1))
 
 
-def loss_stats(tl: TokenLoss, mask: "torch.Tensor", logp: "torch.Tensor", behaviour_logp: "torch.Tensor") -> dict[str, Any]:
-    """Monitoring: clip fraction, mean ratio, approximate KL(behaviour || current)."""
+def loss_stats(tl: TokenLoss, mask: "torch.Tensor", logp: "torch.Tensor", behaviour_logp: "torch.Tensor",
+               ref_logp: "torch.Tensor | None" = None) -> dict[str, Any]:
+    """Monitoring: clip fraction, mean ratio, approximate KL(behaviour || current), and KL(current || reference)
+    (k3) when reference log-probs are given (the penalty's own estimate when beta > 0)."""
     d = logp - behaviour_logp          # k3 estimate of KL(behaviour || current) from behaviour samples
+    kl_ref = None
+    if tl.kl is not None:
+        kl_ref = masked_mean(tl.kl.detach(), mask)
+    elif ref_logp is not None:
+        r = (ref_logp - logp).detach()
+        kl_ref = masked_mean(r.exp() - r - 1, mask)
     return {"clip_fraction": masked_mean(tl.clipped.float(), mask), "ratio_mean": masked_mean(tl.ratio.detach(), mask),
-            "approx_kl": masked_mean((d.exp() - 1 - d).detach(), mask),
-            "kl_ref": None if tl.kl is None else masked_mean(tl.kl.detach(), mask)}
+            "approx_kl": masked_mean((d.exp() - 1 - d).detach(), mask), "kl_ref": kl_ref}

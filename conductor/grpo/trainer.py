@@ -106,6 +106,17 @@ def read_parent_lineage(spec: str) -> dict[str, Any]:
     return {}
 
 
+def _parent_format(spec: str) -> Any:
+    """The parent checkpoint's ``conductor_format.json`` (``conductor.grpo.format``), or None."""
+    from conductor.grpo.format import load_format
+
+    try:
+        local, gguf = resolve_model(spec)
+    except TrainError:
+        return None
+    return None if gguf is not None else load_format(local)
+
+
 def _dtype_mode(cfg: GRPOConfig, device: str) -> str:
     """``cfg.dtype`` with ``auto`` resolved: bf16-mixed on GPU, float32 elsewhere.
 
@@ -268,9 +279,10 @@ def _batch(items: list[Encoded], pad_id: int, device: str, share_prompt: bool = 
             "completion_ids": comp, "completion_mask": cmask, "P": P, "C": C, "shared": False}
 
 
-def completion_logprobs(model: Any, batch: dict[str, Any], temperature: float) -> Any:
-    """Per-token log-probs of the completion tokens, (B, C), under logits / temperature."""
-    from trl.trainer.utils import selective_log_softmax
+def completion_logprobs(model: Any, batch: dict[str, Any], temperature: float, with_entropy: bool = False) -> Any:
+    """Per-token log-probs of the completion tokens, (B, C), under logits / temperature; with ``with_entropy``
+    also the per-token entropy of that distribution (no gradient), as ``(logp, entropy)``."""
+    from trl.trainer.utils import selective_log_softmax, selective_log_softmax_and_entropy
 
     C = batch["C"]
     if batch.get("shared"):
@@ -283,6 +295,9 @@ def completion_logprobs(model: Any, batch: dict[str, Any], temperature: float) -
         except TypeError:
             logits = model(**kwargs).logits[:, -(C + 1):]
         logits = logits[:, :C]
+    if with_entropy:
+        return selective_log_softmax_and_entropy(logits.float(), batch["completion_ids"], entropy_requires_grad=False,
+                                                 temperature=temperature)
     return selective_log_softmax(logits.float(), batch["completion_ids"], temperature=temperature)
 
 
@@ -336,12 +351,18 @@ class PolicyTrainer:
     FSDP module whose forwards are collective: sample from saved checkpoints (vLLM), not from it.
     """
 
-    def __init__(self, spec: str, config: GRPOConfig, *, system_prompt: str | None = None):
+    def __init__(self, spec: str, config: GRPOConfig, *, system_prompt: str | None = None,
+                 reference: str | None = None, tracker: Any = None):
+        """``reference``: the starting policy that KL is measured against (and penalised, ``kl_beta > 0``);
+        default: ``spec`` itself. A chain of one-step processes (the nightly flow) passes the chain's start.
+        ``tracker``: a ``conductor.grpo.tracking.MetricsTracker``; every ``step`` logs its metrics there."""
         import torch
 
         from conductor.grpo import distributed
 
         self.spec = spec
+        self.reference = reference or spec
+        self.tracker = tracker
         self.cfg = config
         self.system_prompt = system_prompt
         self.world = distributed.world()
@@ -355,18 +376,16 @@ class PolicyTrainer:
         else:
             self.device, _ = _device_dtype(config)
         self.parent_lineage = read_parent_lineage(spec)
+        self.conductor_format = _parent_format(spec)     # the decoding contract travels to every child
         self.model, self.tokenizer = load_policy(spec, config, for_sharding=self.sharded)
         self.global_step = int(self.parent_lineage.get("global_step", 0))
         self.iteration = int(self.parent_lineage.get("iteration", 0))
         self.ref_model = None
+        wants_ref = config.kl_beta > 0 or config.track_kl
         if self.sharded:
-            import copy
-
             mode = _dtype_mode(config, self.device)
-            if config.kl_beta > 0:      # the frozen reference is sharded the same way
-                self.ref_model = copy.deepcopy(self.model).eval()
-                for p in self.ref_model.parameters():
-                    p.requires_grad_(False)
+            if wants_ref:      # the frozen reference is sharded the same way
+                self.ref_model = self._load_reference(for_sharding=True)
                 distributed.shard_model(self.ref_model, mode, self.device)
             distributed.shard_model(self.model, mode, self.device)
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -377,12 +396,25 @@ class PolicyTrainer:
         self.history: list[dict[str, Any]] = []
         self.runs: list[str] = []
         self.pools: list[str] = []
-        if config.kl_beta > 0 and config.lora_r == 0 and not self.sharded:
-            import copy
+        if wants_ref and not self.sharded and (config.lora_r == 0 or self.reference != self.spec):
+            self.ref_model = self._load_reference(for_sharding=False)
 
-            self.ref_model = copy.deepcopy(self.model).eval()
-            for p in self.ref_model.parameters():
-                p.requires_grad_(False)
+    def _load_reference(self, for_sharding: bool) -> Any:
+        """A frozen copy of the starting policy: this model when it is the reference, else loaded from ``reference``.
+        (LoRA on its own parent needs no copy: the base model with the adapters disabled is the reference.)"""
+        import copy
+
+        if self.reference == self.spec:
+            ref = copy.deepcopy(self.model)
+            if self.cfg.lora_r > 0:
+                ref = ref.merge_and_unload()
+        else:
+            ref, _ = load_policy(self.reference, self.cfg.model_copy(update={"lora_r": 0, "gradient_checkpointing": False}),
+                                 for_sharding=for_sharding)
+        ref.eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return ref
 
     def _load_optimizer_state(self) -> None:
         import torch
@@ -492,7 +524,8 @@ class PolicyTrainer:
         self._recompute_behaviour(missing, share)
         self.model.train()
         rng = random.Random(cfg.seed * 1_000_003 + self.iteration)
-        agg: dict[str, float] = {"loss": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "approx_kl": 0.0, "kl_ref": 0.0}
+        agg: dict[str, float] = {"loss": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "approx_kl": 0.0, "kl_ref": 0.0,
+                                 "entropy": 0.0}
         n_tok_seen = 0
         grad_norms, lrs = [], []
         for _epoch in range(cfg.epochs):
@@ -516,20 +549,20 @@ class PolicyTrainer:
                     g["lr"] = lr
                 self.optimizer.zero_grad(set_to_none=True)
                 # this rank's sums: loss, clip_fraction, ratio_mean, approx_kl, kl_ref (token-weighted), tokens,
-                # non-finite losses
-                part_sums = [0.0] * 7
+                # non-finite losses, entropy (token-weighted)
+                part_sums = [0.0] * 8
                 for ci, real in self._my_chunks(chunks, share):
                     chunk = chunks[ci]
                     b = _batch(chunk, pad, self.device, share)
                     with _autocast(cfg, self.device):
-                        logp = completion_logprobs(self.model, b, cfg.temperature)
+                        logp, ent = completion_logprobs(self.model, b, cfg.temperature, with_entropy=True)
                     mask = b["completion_mask"]
                     beh = torch.zeros_like(logp)
                     for j, e in enumerate(chunk):
                         beh[j, : len(e.behaviour)] = torch.tensor(e.behaviour, dtype=logp.dtype, device=logp.device)
                     adv = torch.tensor([e.advantage for e in chunk], dtype=logp.dtype, device=logp.device)
                     with _autocast(cfg, self.device):
-                        ref = self._ref_logprobs(b) if cfg.kl_beta > 0 else None
+                        ref = self._ref_logprobs(b) if (cfg.kl_beta > 0 or cfg.track_kl) else None
                     tl = clipped_token_loss(logp, beh, adv, cfg.clip_eps_low, cfg.clip_eps_high, ref, cfg.kl_beta)
                     loss = aggregate(tl.loss, mask, cfg.loss_aggregation, n_seqs_total=n_seqs, n_tokens_total=n_tokens,
                                      n_micro=n_micro, max_len=cfg.max_completion_tokens)
@@ -542,12 +575,13 @@ class PolicyTrainer:
                         part_sums[6] += 1        # raised on every rank below, before the optimizer step
                     loss.backward()
                     part_sums[0] += float(loss.detach())
-                    st = loss_stats(tl, mask, logp.detach(), beh)
+                    st = loss_stats(tl, mask, logp.detach(), beh, ref)
                     ntok = int(mask.sum())
                     part_sums[5] += ntok
                     for j, key in enumerate(("clip_fraction", "ratio_mean", "approx_kl"), start=1):
                         part_sums[j] += st[key] * ntok
                     part_sums[4] += (st["kl_ref"] or 0.0) * ntok
+                    part_sums[7] += float((ent * mask).sum())
                 if self.sharded:
                     from conductor.grpo.distributed import sum_over_ranks
 
@@ -556,6 +590,7 @@ class PolicyTrainer:
                         raise TrainError(f"non-finite loss at global step {self.global_step} (check lr and dtype)")
                 step_loss = part_sums[0]
                 n_tok_seen += int(part_sums[5])
+                agg["entropy"] += part_sums[7]
                 for j, key in enumerate(("clip_fraction", "ratio_mean", "approx_kl", "kl_ref"), start=1):
                     agg[key] += part_sums[j]
                 params = [p for p in self.model.parameters() if p.requires_grad]
@@ -571,17 +606,21 @@ class PolicyTrainer:
         self.model.eval()            # ready to sample from (a backend may share this model object)
         n_updates = max(1, len(lrs))
         rewards = [s.reward for s in samples]
+        reward_mean = sum(rewards) / len(rewards)
         metrics = {
             "iteration": self.iteration, "global_step": self.global_step,
             "loss": agg["loss"] / n_updates,
-            "reward_mean": sum(rewards) / len(rewards),
+            "reward_mean": reward_mean,
+            "reward_std": (sum((r - reward_mean) ** 2 for r in rewards) / len(rewards)) ** 0.5,
             "accuracy": (sum(1 for t in trajectories if t.correct) /
                          max(1, sum(1 for t in trajectories if t.reward is not None and not t.infra_failed))),
             "advantage_abs_mean": sum(abs(s.advantage) for s in samples) / len(samples),
             "clip_fraction": agg["clip_fraction"] / max(n_tok_seen, 1),
             "ratio_mean": agg["ratio_mean"] / max(n_tok_seen, 1) if n_tok_seen else 1.0,
             "approx_kl": agg["approx_kl"] / max(n_tok_seen, 1),
-            "kl_ref": agg["kl_ref"] / max(n_tok_seen, 1) if cfg.kl_beta > 0 else None,
+            # KL(current || starting policy), k3 estimate over the tokens of the samples with a gradient
+            "kl_ref": agg["kl_ref"] / n_tok_seen if (cfg.kl_beta > 0 or cfg.track_kl) and n_tok_seen else None,
+            "entropy": agg["entropy"] / n_tok_seen if n_tok_seen else None,
             "grad_norm": sum(grad_norms) / max(1, len(grad_norms)),
             "lr": lrs[-1] if lrs else None,
             "n_trajectories": stats.n_trajectories, "n_samples": stats.n_samples, "n_groups": stats.n_groups,
@@ -589,7 +628,15 @@ class PolicyTrainer:
             "n_recomputed_behaviour": len(missing), "n_tokens": sum(len(e.completion_ids) for e in enc),
             "time_s": round(time.time() - t0, 3),
         }
+        from conductor.grpo.tracking import rollout_metrics
+
+        roll = rollout_metrics(trajectories)
+        for key in ("parse_rate", "worker_share", "calls_per_trajectory", "cache_hit_rate", "steps_per_workflow",
+                    "call_seconds", "rollout_s"):
+            metrics[key] = roll[key]
         self.history.append(metrics)
+        if self.tracker is not None and (not self.sharded or self.world.rank == 0):
+            self.tracker.log(metrics, step=self.iteration)
         return metrics
 
     def lineage(self, checkpoint_id: str, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -611,6 +658,7 @@ class PolicyTrainer:
             "pool_id": self.pools[0] if len(self.pools) == 1 else list(self.pools),
             "iteration": self.iteration, "global_step": self.global_step,
             "hyperparameters": self.cfg.to_json(),
+            "conductor_format": self.conductor_format.to_json() if self.conductor_format is not None else None,
             "distributed": "fsdp" if self.sharded else "none", "world_size": self.world.size if self.sharded else 1,
             "metrics": metrics if metrics is not None else (self.history[-1] if self.history else {}),
             "history": self.history,
@@ -677,6 +725,10 @@ class PolicyTrainer:
             else:
                 model.save_pretrained(stage)
             self.tokenizer.save_pretrained(stage)
+            if self.conductor_format is not None:
+                from conductor.grpo.format import write_format
+
+                write_format(stage, self.conductor_format)
             if self.cfg.save_optimizer and self.cfg.lora_r == 0:
                 torch.save(optim if optim is not None else self.optimizer.state_dict(), stage / "optimizer.pt")
             (stage / "lineage.json").write_text(json.dumps(self.lineage(cid), indent=1, default=str))
@@ -698,16 +750,17 @@ class PolicyTrainer:
 
 def grpo_step(model_dir_or_spec: str, trajectories: Iterable[Any], config: GRPOConfig | None = None, *,
               out: str | None = None, checkpoint_id: str | None = None,
-              system_prompt: str | None = None) -> tuple[str, dict[str, Any]]:
+              system_prompt: str | None = None, reference: str | None = None,
+              tracker: Any = None) -> tuple[str, dict[str, Any]]:
     """Load a checkpoint, run one GRPO iteration on ``trajectories``, save the child checkpoint.
 
     ``out`` defaults to a sibling directory ``<parent>-it<N>`` (for a .gguf
     parent: ``$CONDUCTOR_HOME/checkpoints/<name>-it<N>``). Returns (checkpoint path/URL, metrics).
     Under ``torchrun`` with ``distributed: fsdp`` every rank calls it with the same arguments; all return the
-    same result and rank 0 writes the checkpoint.
+    same result and rank 0 writes the checkpoint. ``reference``/``tracker``: see ``PolicyTrainer``.
     """
     cfg = config or GRPOConfig()
-    trainer = PolicyTrainer(model_dir_or_spec, cfg, system_prompt=system_prompt)
+    trainer = PolicyTrainer(model_dir_or_spec, cfg, system_prompt=system_prompt, reference=reference, tracker=tracker)
     metrics = trainer.step(trajectories)
     if out is None:
         base = model_dir_or_spec.rstrip("/")

@@ -48,6 +48,9 @@ class TransformersBackend:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.eos_ids = _eos_ids(model, tokenizer)
         self._lltok: tuple[int, Any] | None = None     # (vocabulary size, llguidance tokenizer), built once
+        # A checkpoint's decoding contract (conductor_format.json, conductor.grpo.format): when set, every
+        # generation decodes under its grammar for the number of workers the prompt lists.
+        self.conductor_format: Any = None
 
     @classmethod
     def load(cls, path: str | Path, gguf_file: str | None = None, *, device: str | None = None, dtype: str | None = None,
@@ -86,7 +89,12 @@ class TransformersBackend:
         model.to(device)
         model.eval()
         tokenizer.padding_side = "left"
-        return cls(model, tokenizer, source=source, **kwargs)
+        backend = cls(model, tokenizer, source=source, **kwargs)
+        if gguf_file is None and path.is_dir():
+            from conductor.grpo.format import load_format
+
+            backend.conductor_format = load_format(path)
+        return backend
 
     # ------------------------------------------------------------ generation
 
@@ -101,6 +109,8 @@ class TransformersBackend:
         into batches of ``batch_size``."""
         import torch
 
+        if self.conductor_format is not None:
+            return self._generate_formatted(prompts, n, params)
         out: list[list[Generation]] = [[] for _ in prompts]
         if params.seed is not None:
             torch.manual_seed(params.seed)
@@ -116,6 +126,30 @@ class TransformersBackend:
             for (i, _), gen in zip(chunk, self._generate_batch([text for _, text in chunk], params)):
                 out[i].append(gen)
         return out
+
+    def _generate_formatted(self, prompts: list[str], n: int, params: GenerationParams) -> list[list[Generation]]:
+        """Generate under the checkpoint's own grammar, one call per distinct number of listed workers."""
+        from dataclasses import replace
+
+        from conductor.grpo.format import n_workers_in
+
+        fmt, self.conductor_format = self.conductor_format, None
+        try:
+            by_k: dict[int, list[int]] = {}
+            for i, p in enumerate(prompts):
+                k = n_workers_in(p)
+                if k is None:
+                    raise ValueError("transformers backend: this checkpoint decodes under its workflow grammar, "
+                                     "but the prompt lists no 'Model i' workers")
+                by_k.setdefault(k, []).append(i)
+            out: list[list[Generation]] = [[] for _ in prompts]
+            for k, idx in by_k.items():
+                gens = self.generate([prompts[i] for i in idx], n, replace(params, grammar=fmt.grammar(k)))
+                for i, g in zip(idx, gens):
+                    out[i] = g
+            return out
+        finally:
+            self.conductor_format = fmt
 
     def _generate_batch(self, texts: list[str], params: GenerationParams, shared: bool = False) -> list[Generation]:
         """One ``generate`` call; ``shared``: all texts are the same prompt, prefilled once (exact)."""

@@ -1,0 +1,131 @@
+"""A checkpoint's decoding contract: the workflow grammar it was trained under, carried with its weights.
+
+WHY: a small conductor trained under a constrained grammar (a subtask vocabulary, at most N steps, no plan
+line) must be decoded under the same grammar wherever it is used later (rollouts of the next night, the
+evaluation flow, ``conductor answer --conductor champion``), or it writes out of distribution. So the
+contract is a file in the checkpoint directory, ``conductor_format.json``; the trainer copies it from parent
+to child, and the transformers policy backend applies it to every generation (replacing any generic
+grammar a caller passes). The number of workers is read from the prompt's model list.
+
+The default vocabulary (``DEFAULT_SUBTASKS``) is what the local learning benchmark trains over: the direct
+subtask the single-worker baselines use (so those calls are shared through the response cache), a "write a
+program" subtask for the python tool worker to run, and a "check the earlier work" subtask.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conductor.policy.fixed import DIRECT_SUBTASK
+
+FORMAT_FILE = "conductor_format.json"
+CODE_SUBTASK = "Write a short Python program that computes the answer and prints only the final answer."
+CHECK_SUBTASK = ("Check the earlier work step by step, fix any mistake, and give the final answer "
+                 "in the format the question asks for.")
+DEFAULT_SUBTASKS = (DIRECT_SUBTASK, CODE_SUBTASK, CHECK_SUBTASK)
+_MODEL_LINE = re.compile(r"^Model (\d+)\b", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class ConductorFormat:
+    """What the grammar lets the conductor choose: workers (always), subtasks from ``subtasks`` (free text when
+    empty), access lists (binary), and the length ``min_steps``..``max_steps``; ``plan_chars`` 0 = no plan."""
+
+    subtasks: tuple[str, ...] = field(default_factory=lambda: DEFAULT_SUBTASKS)
+    max_steps: int = 2
+    min_steps: int = 1
+    plan_chars: int = 0
+    subtask_chars: int = 400
+
+    def __post_init__(self) -> None:
+        self.grammar(1)        # validates the vocabulary and the step bounds
+
+    def grammar(self, n_workers: int) -> str:
+        from conductor.grammar import workflow_grammar
+
+        return workflow_grammar(n_workers, self.max_steps, plan_chars=self.plan_chars,
+                                subtask_chars=self.subtask_chars, subtasks=list(self.subtasks) or None,
+                                min_steps=self.min_steps)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["subtasks"] = list(self.subtasks)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "ConductorFormat":
+        unknown = set(d) - {"subtasks", "max_steps", "min_steps", "plan_chars", "subtask_chars"}
+        if unknown:
+            raise ValueError(f"conductor format: unknown field(s) {sorted(unknown)}")
+        return cls(**{**d, "subtasks": tuple(d.get("subtasks", DEFAULT_SUBTASKS))})
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def n_workers_in(prompt: str) -> int | None:
+    """How many workers a conductor prompt lists (its ``Model i`` lines), or None when it lists none.
+
+    >>> n_workers_in("AVAILABLE LANGUAGE MODELS:\\nModel 0\\nModel 1: a coder\\nModel 2")
+    3
+    """
+    ids = [int(m) for m in _MODEL_LINE.findall(prompt)]
+    return max(ids) + 1 if ids else None
+
+
+def load_format(checkpoint_dir: str | Path) -> ConductorFormat | None:
+    f = Path(checkpoint_dir) / FORMAT_FILE
+    if not f.is_file():
+        return None
+    try:
+        return ConductorFormat.from_json(json.loads(f.read_text(encoding="utf-8")))
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{f}: {e}") from None
+
+
+def write_format(checkpoint_dir: str | Path, fmt: ConductorFormat) -> Path:
+    f = Path(checkpoint_dir) / FORMAT_FILE
+    f.write_text(json.dumps(fmt.to_json(), indent=1), encoding="utf-8")
+    return f
+
+
+def formatted_base(base: str, fmt: ConductorFormat, root: str | Path) -> Path:
+    """A HF copy of ``base`` (a .gguf file or a checkpoint directory) carrying ``fmt``, under ``root``; made
+    once (atomically), reused after. The trainer then carries the format to every descendant."""
+    from conductor.grpo.trainer import TrainError, ensure_hf_checkpoint, resolve_model
+
+    src = Path(base)
+    if src.is_file() and src.suffix == ".gguf":
+        src = ensure_hf_checkpoint(src)
+    else:
+        local, gguf = resolve_model(base)
+        if gguf is not None:
+            raise TrainError(f"{base}: a GGUF inside a directory; pass the .gguf file")
+        src = local
+    dest = Path(root) / f"{src.name}-fmt{fmt.digest}"
+    if (dest / FORMAT_FILE).is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        for f in src.iterdir():
+            if f.is_file() and f.name not in (FORMAT_FILE, "optimizer.pt"):
+                shutil.copy2(f, stage / f.name)
+        write_format(stage, fmt)
+        if (dest / FORMAT_FILE).is_file():
+            shutil.rmtree(stage, ignore_errors=True)
+        else:
+            os.rename(stage, dest)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return dest
