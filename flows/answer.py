@@ -17,6 +17,7 @@ from prefect import flow, get_run_logger
 
 from conductor.pipeline import RunSpec
 from conductor.preflight import derive_run_id  # noqa: F401  (kept importable from here)
+from flows.batch_shards import batch_shard_runner
 from flows.shards import pending_shards, run_shards
 from tasks.summary import summarize_run
 
@@ -29,9 +30,11 @@ def answer_flow(questions: str, out: str, pool: str = DEFAULT_POOL, conductor: s
                 k: int | None = None, seed: int = 0, temperature: float = 0.7, max_tokens: int = 768,
                 run_id: str | None = None, cache: str | None = None, replay: bool = False,
                 show_progress: bool | None = None, lake: str | None = None, fewshot: str = "ood",
-                constrained: bool | None = None, max_steps: int = 5, retry_failed: bool = True) -> dict[str, Any]:
+                constrained: bool | None = None, max_steps: int = 5, retry_failed: bool = True,
+                batch: bool = False, batch_poll_s: float = 60.0) -> dict[str, Any]:
     """Answer a question set; trajectories go to the lake (OUT/lake, or any local or s3:// root given),
-    answers to OUT/answers.jsonl, a summary and report to OUT."""
+    answers to OUT/answers.jsonl, a summary and report to OUT. ``batch``: worker calls go through the providers'
+    batch APIs at half price, polled every ``batch_poll_s`` seconds (flows/batch_shards.py)."""
     from conductor.preflight import prepare_answer
     from conductor.progress import RunProgress
     from conductor.runtime import serving
@@ -60,9 +63,10 @@ def answer_flow(questions: str, out: str, pool: str = DEFAULT_POOL, conductor: s
                            temperature=temperature, max_tokens=max_tokens, fewshot=fewshot,
                            constrained=inp.constrained, max_steps=max_steps, settings_key=inp.settings_key)
             executor = live.executor(cache_path=inp.cache, replay=replay)
+            shard_runner = batch_shard_runner(batch, batch_poll_s, live.pool) or run_shards
             with RunProgress(len(qs) * samples, "answering", enabled=show_progress) as progress:
                 progress.skip((len(qs) - sum(len(sq) for _, sq in todo)) * samples)
-                run_shards(todo, spec, lake, live.policy, executor, progress.done)
+                shard_runner(todo, spec, lake, live.policy, executor, progress.done)
     return summarize_run(lake, run_id, str(out_dir), current=plan.current_ids)
 
 

@@ -7,7 +7,8 @@ it: first among collected results, then among the members of a batch still open.
 moment its create call returns; results are recorded, with each member's outcome, in one transaction
 before anyone waiting on them is woken.
 
-Tables: ``batches`` (id, adapter, group, the worker as JSON, status submitted|collected), ``members``
+Tables: ``batches`` (id, adapter, group, the worker as JSON, status submitted|collected, the wave of the
+process that created it), ``members``
 (custom id, batch, position, outcome), ``results`` (custom id -> text, usage, finish reason). Reply text
 is redacted, as in the response cache; the worker JSON holds the key's variable *name*, never a key.
 """
@@ -30,7 +31,8 @@ T = TypeVar("T")
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS batches (
         batch_id TEXT PRIMARY KEY, adapter TEXT NOT NULL, group_key TEXT NOT NULL, worker TEXT NOT NULL,
-        status TEXT NOT NULL, n INTEGER NOT NULL, created REAL NOT NULL, ended REAL, final_status TEXT)""",
+        status TEXT NOT NULL, n INTEGER NOT NULL, created REAL NOT NULL, ended REAL, final_status TEXT,
+        wave INTEGER NOT NULL DEFAULT 0)""",
     """CREATE TABLE IF NOT EXISTS members (
         custom_id TEXT NOT NULL, batch_id TEXT NOT NULL, position INTEGER NOT NULL, outcome TEXT,
         PRIMARY KEY (batch_id, custom_id))""",
@@ -110,12 +112,12 @@ class BatchStore:
 
     # ---------------------------------------------------- synchronous core
     def record_batch(self, batch_id: str, adapter: str, group_key: str, worker_json: str,
-                     custom_ids: Sequence[str]) -> None:
+                     custom_ids: Sequence[str], wave: int = 0) -> None:
         c = self._conn()
         with _tx(c):
-            c.execute("INSERT OR IGNORE INTO batches (batch_id, adapter, group_key, worker, status, n, created) "
-                      "VALUES (?,?,?,?,?,?,?)", (batch_id, adapter, group_key, worker_json, "submitted",
-                                                 len(custom_ids), time.time()))
+            c.execute("INSERT OR IGNORE INTO batches (batch_id, adapter, group_key, worker, status, n, created, wave) "
+                      "VALUES (?,?,?,?,?,?,?,?)", (batch_id, adapter, group_key, worker_json, "submitted",
+                                                   len(custom_ids), time.time(), wave))
             c.executemany("INSERT OR IGNORE INTO members (custom_id, batch_id, position) VALUES (?,?,?)",
                           [(cid, batch_id, i) for i, cid in enumerate(custom_ids)])
 
@@ -164,8 +166,9 @@ class BatchStore:
 
     def batches(self) -> list[dict[str, Any]]:
         """Every batch recorded (for reports and tests)."""
-        cur = self._conn().execute("SELECT batch_id, adapter, status, n, final_status FROM batches ORDER BY created")
-        return [dict(zip(("batch_id", "adapter", "status", "n", "final_status"), r)) for r in cur]
+        cols = ("batch_id", "adapter", "status", "n", "final_status", "wave", "created", "ended")
+        cur = self._conn().execute(f"SELECT {', '.join(cols)} FROM batches ORDER BY created")
+        return [dict(zip(cols, r)) for r in cur]
 
     def submissions(self) -> dict[str, int]:
         """custom id -> number of batches it was submitted in."""

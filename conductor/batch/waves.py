@@ -208,7 +208,7 @@ class WaveScheduler:
                 continue
             ids = tuple(r.custom_id for r in chunk)
             await self.store.run(self.store.record_batch, batch_id, adapter.name, group,
-                                 chunk[0].worker.model_dump_json(), ids)
+                                 chunk[0].worker.model_dump_json(), ids, self.stats["waves"])
             self.stats["batches"] += 1
             self.stats["batched_requests"] += len(chunk)
             self.polled[batch_id] = self._spawn(self._poll(batch_id, adapter, ids, self.settings.poll_s))

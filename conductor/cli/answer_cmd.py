@@ -39,6 +39,9 @@ def answer_cmd(
                              "(default OUT/lake; S3 credentials from AWS_* variables)."),
     retry_failed: bool = typer.Option(True, "--retry-failed/--keep-failed", help="Redo questions an earlier run of "
                                       "this command lost to infrastructure failures (default), or keep them as they are."),
+    batch: bool = typer.Option(False, "--batch", help="Send the OpenAI, Anthropic and Gemini workers' calls through "
+                               "their batch APIs: half price, answers within hours (docs/operations.md)."),
+    batch_poll: float = typer.Option(60.0, "--batch-poll", min=0.01, help="Seconds between polls of a batch."),
 ) -> None:
     """Answer a question set with the conductor over a worker pool; resumable; prints a summary.
 
@@ -62,7 +65,8 @@ def answer_cmd(
                               recursion_depth=recursion_depth, limit=limit, shard_size=shard_size, k=k, seed=seed,
                               temperature=temperature, max_tokens=max_tokens, run_id=run_id,
                               cache=str(cache) if cache else None, replay=replay, lake=lake, fewshot=fewshot,
-                              constrained=constrained, max_steps=max_steps, retry_failed=retry_failed)
+                              constrained=constrained, max_steps=max_steps, retry_failed=retry_failed,
+                              batch=batch, batch_poll_s=batch_poll)
     typer.echo(format_summary(summary))
     typer.echo(f"answers: {summary['answers']}\nreport:  {summary['report']}\nlake:    {summary['lake']}")
     code, why = run_outcome(summary)
