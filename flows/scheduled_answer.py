@@ -34,11 +34,13 @@ def dated_out(out_root: str, scheduled: Any) -> str:
 def scheduled_answer_flow(questions: str, out_root: str, pool: str = DEFAULT_POOL, conductor: str = "auto",
                           samples: int = 1, recursion_depth: int = 0, limit: int | None = None, shard_size: int = 5,
                           k: int | None = None, seed: int = 0, temperature: float = 0.7,
-                          max_tokens: int = 768, secret_blocks: dict[str, str] | None = None) -> dict[str, Any]:
+                          max_tokens: int = 768, secret_blocks: dict[str, str] | None = None,
+                          batch: bool = False, batch_poll_s: float = 60.0) -> dict[str, Any]:
     """Answer QUESTIONS into OUT_ROOT/<scheduled date>/ (lake, answers.jsonl, report) with the answer flow.
 
     ``secret_blocks`` maps provider key variables to Prefect Secret block names, e.g.
-    ``{"OPENAI_API_KEY": "openai-api-key"}`` (see docs/operations.md: rotating keys).
+    ``{"OPENAI_API_KEY": "openai-api-key"}`` (see docs/operations.md: rotating keys). ``batch``: the providers'
+    batch APIs at half price, answers within hours (docs/operations.md: batch mode).
     """
     from prefect.runtime import flow_run
 
@@ -52,4 +54,5 @@ def scheduled_answer_flow(questions: str, out_root: str, pool: str = DEFAULT_POO
     log.info("scheduled answering of %s into %s", questions, out)
     return answer_flow(questions=questions, out=out, pool=pool, conductor=conductor, samples=samples,
                        recursion_depth=recursion_depth, limit=limit, shard_size=shard_size, k=k, seed=seed,
-                       temperature=temperature, max_tokens=max_tokens, show_progress=False)
+                       temperature=temperature, max_tokens=max_tokens, show_progress=False, batch=batch,
+                       batch_poll_s=batch_poll_s)
