@@ -580,157 +580,169 @@ def _key_check(state: EmulatorState, route: str, request: web.Request) -> web.Re
     return None
 
 
-def _add_batch_routes(app: web.Application, state: EmulatorState) -> None:
+class _BatchRoutes:
+    """The three providers' batch endpoints; every handler counts ``<route>_batch:<op>`` and checks the key."""
 
-    def batch_or_404(route: str, bid: str) -> _Batch | web.Response:
-        b = state.batches.get(bid)
+    def __init__(self, state: EmulatorState):
+        self.state = state
+
+    def register(self, app: web.Application) -> None:
+        r = app.router
+        r.add_post("/v1/files", self.file_upload)
+        r.add_get("/v1/files/{fid}", self.file_get)
+        r.add_get("/v1/files/{fid}/content", self.file_content)
+        r.add_post("/v1/batches", self.o_create)
+        r.add_get("/v1/batches", self.o_list)
+        r.add_get("/v1/batches/{bid}", self.o_get)
+        r.add_post("/v1/batches/{bid}/cancel", self.o_cancel)
+        r.add_post("/v1/messages/batches", self.a_create)
+        r.add_get("/v1/messages/batches/{bid}", self.a_get)
+        r.add_get("/v1/messages/batches/{bid}/results", self.a_results)
+        r.add_post("/v1/messages/batches/{bid}/cancel", self.a_cancel)
+        r.add_get("/v1beta/batches/{tail}", self.g_get)     # GET /v1/batches/{id} is shared with OpenAI (o_get)
+        for version in ("v1beta", "v1"):                     # the SDK's default API version is v1
+            r.add_post(f"/{version}/batches/{{tail}}", self.g_cancel)
+
+    def batch(self, route: str, bid: str) -> _Batch | web.Response:
+        b = self.state.batches.get(bid)
         if b is None or b.route != route:
             return web.json_response(_error_body(route, 404, f"no batch {bid}"), status=404)
         return b
 
-    async def guarded(request: web.Request, route: str, op: str, fn: Any) -> web.StreamResponse:
-        state.counts[f"{route}_batch:{op}"] += 1
-        return _key_check(state, route, request) or await fn()
+    async def guarded(self, request: web.Request, route: str, op: str, fn: Any) -> web.StreamResponse:
+        self.state.counts[f"{route}_batch:{op}"] += 1
+        return _key_check(self.state, route, request) or await fn()
 
-    # OpenAI
-    async def file_upload(request: web.Request) -> web.StreamResponse:
+    @staticmethod
+    def cancel(b: _Batch) -> None:
+        if not b.ended(time.monotonic()):
+            b.cancelled_at = time.monotonic()
+
+    # -- OpenAI --
+    async def file_upload(self, request: web.Request) -> web.StreamResponse:
         async def go() -> web.StreamResponse:
             form = await request.post()
             f = form.get("file")
             if not isinstance(f, web.FileField):
                 return web.json_response(_error_body("openai", 400, "file: required"), status=400)
-            data = f.file.read()
-            fid = _new_id(state, "file-")
-            state.files[fid] = (f.filename or "upload.jsonl", str(form.get("purpose", "")), data)
-            return web.json_response(_file_view(fid, state.files[fid]))
-        return await guarded(request, "openai", "file_upload", go)
+            fid = _new_id(self.state, "file-")
+            self.state.files[fid] = (f.filename or "upload.jsonl", str(form.get("purpose", "")), f.file.read())
+            return web.json_response(_file_view(fid, self.state.files[fid]))
+        return await self.guarded(request, "openai", "file_upload", go)
 
-    async def file_get(request: web.Request) -> web.StreamResponse:
+    async def file_get(self, request: web.Request) -> web.StreamResponse:
         fid = request.match_info["fid"]
-        if fid not in state.files:
+        if fid not in self.state.files:
             return web.json_response(_error_body("openai", 404, f"No such File object: {fid}"), status=404)
-        return web.json_response(_file_view(fid, state.files[fid]))
+        return web.json_response(_file_view(fid, self.state.files[fid]))
 
-    async def file_content(request: web.Request) -> web.StreamResponse:
+    async def file_content(self, request: web.Request) -> web.StreamResponse:
         async def go() -> web.StreamResponse:
             fid = request.match_info["fid"]
-            if fid not in state.files:
+            if fid not in self.state.files:
                 return web.json_response(_error_body("openai", 404, f"No such File object: {fid}"), status=404)
-            return web.Response(body=state.files[fid][2], content_type="application/octet-stream")
-        return await guarded(request, "openai", "file_content", go)
+            return web.Response(body=self.state.files[fid][2], content_type="application/octet-stream")
+        return await self.guarded(request, "openai", "file_content", go)
 
-    async def o_create(request: web.Request) -> web.StreamResponse:
+    async def o_create(self, request: web.Request) -> web.StreamResponse:
         async def go() -> web.StreamResponse:
-            status, body = _openai_batch_create(state, await request.json(), request.headers)
+            status, body = _openai_batch_create(self.state, await request.json(), request.headers)
             return web.json_response(body, status=status)
-        return await guarded(request, "openai", "create", go)
+        return await self.guarded(request, "openai", "create", go)
 
-    async def o_get(request: web.Request) -> web.StreamResponse:
-        found = state.batches.get(request.match_info["bid"])
+    async def o_get(self, request: web.Request) -> web.StreamResponse:
+        found = self.state.batches.get(request.match_info["bid"])
         if found is not None and found.route == "gemini":   # Gemini's v1 API shares this path
-            request.match_info["tail"] = found.id
-            return await g_get(request)
+            return await self._g_get(request, found.id)
 
         async def go() -> web.StreamResponse:
-            b = batch_or_404("openai", request.match_info["bid"])
-            return b if isinstance(b, web.Response) else web.json_response(_openai_batch_view(state, b))
-        return await guarded(request, "openai", "retrieve", go)
+            b = self.batch("openai", request.match_info["bid"])
+            return b if isinstance(b, web.Response) else web.json_response(_openai_batch_view(self.state, b))
+        return await self.guarded(request, "openai", "retrieve", go)
 
-    async def o_list(request: web.Request) -> web.StreamResponse:
-        data = [_openai_batch_view(state, b) for b in reversed(list(state.batches.values())) if b.route == "openai"]
+    async def o_list(self, request: web.Request) -> web.StreamResponse:
+        data = [_openai_batch_view(self.state, b) for b in reversed(list(self.state.batches.values()))
+                if b.route == "openai"]
         return web.json_response({"object": "list", "data": data, "has_more": False,
                                   "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None})
 
-    async def o_cancel(request: web.Request) -> web.StreamResponse:
+    async def o_cancel(self, request: web.Request) -> web.StreamResponse:
         async def go() -> web.StreamResponse:
-            b = batch_or_404("openai", request.match_info["bid"])
+            b = self.batch("openai", request.match_info["bid"])
             if isinstance(b, web.Response):
                 return b
-            if not b.ended(time.monotonic()):
-                b.cancelled_at = time.monotonic()
-            view = _openai_batch_view(state, b)
+            self.cancel(b)
+            view = _openai_batch_view(self.state, b)
             if view["status"] == "cancelled":
                 view["status"] = "cancelling"          # what the real API answers to the cancel call itself
             return web.json_response(view)
-        return await guarded(request, "openai", "cancel", go)
+        return await self.guarded(request, "openai", "cancel", go)
 
-    # Anthropic
+    # -- Anthropic --
+    @staticmethod
     def base_of(request: web.Request) -> str:
         return f"{request.scheme}://{request.host}"
 
-    async def a_create(request: web.Request) -> web.StreamResponse:
+    async def a_create(self, request: web.Request) -> web.StreamResponse:
         async def go() -> web.StreamResponse:
-            status, out = _anthropic_batch_create(state, await request.json(), request.headers)
+            status, out = _anthropic_batch_create(self.state, await request.json(), request.headers)
             if isinstance(out, _Batch):
-                return web.json_response(_anthropic_batch_view(out, base_of(request)))
+                return web.json_response(_anthropic_batch_view(out, self.base_of(request)))
             return web.json_response(out, status=status)
-        return await guarded(request, "anthropic", "create", go)
+        return await self.guarded(request, "anthropic", "create", go)
 
-    async def a_get(request: web.Request) -> web.StreamResponse:
+    async def a_get(self, request: web.Request) -> web.StreamResponse:
         async def go() -> web.StreamResponse:
-            b = batch_or_404("anthropic", request.match_info["bid"])
-            return b if isinstance(b, web.Response) else web.json_response(_anthropic_batch_view(b, base_of(request)))
-        return await guarded(request, "anthropic", "retrieve", go)
+            b = self.batch("anthropic", request.match_info["bid"])
+            if isinstance(b, web.Response):
+                return b
+            return web.json_response(_anthropic_batch_view(b, self.base_of(request)))
+        return await self.guarded(request, "anthropic", "retrieve", go)
 
-    async def a_results(request: web.Request) -> web.StreamResponse:
+    async def a_results(self, request: web.Request) -> web.StreamResponse:
         async def go() -> web.StreamResponse:
-            b = batch_or_404("anthropic", request.match_info["bid"])
+            b = self.batch("anthropic", request.match_info["bid"])
             if isinstance(b, web.Response):
                 return b
             if not b.ended(time.monotonic()):
                 return web.json_response(_error_body("anthropic", 400, "batch has not ended"), status=400)
             return web.Response(body=_anthropic_results(b), content_type="application/binary")
-        return await guarded(request, "anthropic", "results", go)
+        return await self.guarded(request, "anthropic", "results", go)
 
-    async def a_cancel(request: web.Request) -> web.StreamResponse:
+    async def a_cancel(self, request: web.Request) -> web.StreamResponse:
         async def go() -> web.StreamResponse:
-            b = batch_or_404("anthropic", request.match_info["bid"])
+            b = self.batch("anthropic", request.match_info["bid"])
             if isinstance(b, web.Response):
                 return b
-            if not b.ended(time.monotonic()):
-                b.cancelled_at = time.monotonic()
-            view = _anthropic_batch_view(b, base_of(request))
+            self.cancel(b)
+            view = _anthropic_batch_view(b, self.base_of(request))
             if view["processing_status"] == "ended" and b.reason() == "cancelled":
                 view.update(processing_status="canceling", results_url=None)
             return web.json_response(view)
-        return await guarded(request, "anthropic", "cancel", go)
+        return await self.guarded(request, "anthropic", "cancel", go)
 
-    # Gemini (create goes through the models/{model}:method route)
-    async def g_get(request: web.Request) -> web.StreamResponse:
+    # -- Gemini (create goes through the models/{model}:batchGenerateContent route) --
+    async def g_get(self, request: web.Request) -> web.StreamResponse:
+        return await self._g_get(request, request.match_info["tail"])
+
+    async def _g_get(self, request: web.Request, bid: str) -> web.StreamResponse:
         async def go() -> web.StreamResponse:
-            b = batch_or_404("gemini", request.match_info["tail"])
+            b = self.batch("gemini", bid)
             return b if isinstance(b, web.Response) else web.json_response(_gemini_batch_view(b))
-        return await guarded(request, "gemini", "retrieve", go)
+        return await self.guarded(request, "gemini", "retrieve", go)
 
-    async def g_cancel(request: web.Request) -> web.StreamResponse:
+    async def g_cancel(self, request: web.Request) -> web.StreamResponse:
         bid, _, method = request.match_info["tail"].partition(":")
         if method != "cancel":
             return web.json_response(_error_body("gemini", 404, f"unsupported method {method!r}"), status=404)
 
         async def go() -> web.StreamResponse:
-            b = batch_or_404("gemini", bid)
+            b = self.batch("gemini", bid)
             if isinstance(b, web.Response):
                 return b
-            if not b.ended(time.monotonic()):
-                b.cancelled_at = time.monotonic()
+            self.cancel(b)
             return web.json_response({})
-        return await guarded(request, "gemini", "cancel", go)
-
-    app.router.add_post("/v1/files", file_upload)
-    app.router.add_get("/v1/files/{fid}", file_get)
-    app.router.add_get("/v1/files/{fid}/content", file_content)
-    app.router.add_post("/v1/batches", o_create)
-    app.router.add_get("/v1/batches", o_list)
-    app.router.add_get("/v1/batches/{bid}", o_get)
-    app.router.add_post("/v1/batches/{bid}/cancel", o_cancel)
-    app.router.add_post("/v1/messages/batches", a_create)
-    app.router.add_get("/v1/messages/batches/{bid}", a_get)
-    app.router.add_get("/v1/messages/batches/{bid}/results", a_results)
-    app.router.add_post("/v1/messages/batches/{bid}/cancel", a_cancel)
-    for version in ("v1beta", "v1"):    # the SDK's default API version is v1; v1beta is the documented one
-        if version == "v1beta":
-            app.router.add_get(f"/{version}/batches/{{tail}}", g_get)
-        app.router.add_post(f"/{version}/batches/{{tail}}", g_cancel)
+        return await self.guarded(request, "gemini", "cancel", go)
 
 
 def _file_view(fid: str, f: tuple[str, str, bytes]) -> dict[str, Any]:
@@ -824,7 +836,7 @@ def make_app(state: EmulatorState) -> web.Application:
     app.router.add_post("/_emulator/config", config)
     app.router.add_post("/_emulator/reset", reset)
     app.router.add_get("/_emulator/batches", batches)
-    _add_batch_routes(app, state)
+    _BatchRoutes(state).register(app)
     return app
 
 
