@@ -33,7 +33,8 @@ def workflow_grammar(n_workers: int, max_steps: int = 5, plan_chars: int = 240, 
                      subtasks: Sequence[str] | None = None, min_steps: int = 1, tools: Sequence[int] = ()) -> str:
     """GBNF text for workflows of ``min_steps``..``max_steps`` steps over ``n_workers`` workers.
 
-    ``plan_chars=0``: no plan line, the completion starts with ``model_id``. ``subtasks``: every subtask is
+    ``plan_chars=0``: no plan line, the completion starts with ``model_id``. A plan may not start with "m": an
+    untrained 1.5B otherwise writes ``model_id = [...]`` as its plan and a second, unrelated workflow after it. ``subtasks``: every subtask is
     one of these strings (no ``"``, backslash or newline in them: they are written as Python string literals).
     ``tools``: ordinals of non-LLM workers (the python tool); step 0 sees nothing earlier, so a tool there
     would have nothing to run: they are kept out of the first step.
@@ -53,7 +54,7 @@ def workflow_grammar(n_workers: int, max_steps: int = 5, plan_chars: int = 240, 
         raise ValueError("workflow_grammar: need at least one worker and 1 <= min_steps <= max_steps")
     ids = " | ".join(f'"{i}"' for i in range(n_workers)) if n_workers <= 10 else '[0-9] [0-9]?'
     wfs = "(" + " | ".join(f"wf{n}" for n in range(min_steps, max_steps + 1)) + ")"
-    rules = ([f'root ::= plan "\\n" {wfs}', f"plan ::= [^\\n]{{1,{plan_chars}}}"] if plan_chars > 0 else
+    rules = ([f'root ::= plan "\\n" {wfs}', f"plan ::= [^\\nm] [^\\n]{{0,{plan_chars - 1}}}"] if plan_chars > 0 else
              [f"root ::= {wfs}"])
     rules.append(f"id ::= {ids}")
     firsts = [i for i in range(n_workers) if i not in tools]

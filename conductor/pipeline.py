@@ -103,8 +103,8 @@ def generate(trajectories: list[Trajectory], policy: "PolicyBackend", spec: RunS
     if spec.constrained:
         from conductor.grammar import workflow_grammar
 
-        n_workers = len(spec.subpool_for(groups[prompts[0]][0].question_id))
-        params = replace(params, grammar=workflow_grammar(n_workers, spec.max_steps))
+        sub = spec.subpool_for(groups[prompts[0]][0].question_id)
+        params = replace(params, grammar=workflow_grammar(len(sub), spec.max_steps, tools=sub.tool_ordinals))
     outputs = policy.generate(prompts, n, params)
     for prompt, gens in zip(prompts, outputs):
         for t, g in zip(groups[prompt], gens):

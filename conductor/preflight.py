@@ -35,6 +35,8 @@ class AnswerInputs:
     pool: "Pool"
     checkpoint: str
     constrained: bool
+    fewshot: str             # "auto" resolved: the informed prompt for the untrained embedded conductor
+    temperature: float       # None resolved: greedy for the untrained embedded conductor, else 0.7
     run_id: str
     settings_key: str
     out: Path
@@ -63,13 +65,14 @@ def derive_run_id(questions: str, key: str) -> str:
 
 def prepare_answer(questions: str, out: str | os.PathLike[str], pool: str | os.PathLike[str], conductor: str = "auto",
                    samples: int = 1, recursion_depth: int = 0, limit: int | None = None, shard_size: int = 5,
-                   k: int | None = None, seed: int = 0, temperature: float = 0.7, max_tokens: int = 768,
+                   k: int | None = None, seed: int = 0, temperature: float | None = None, max_tokens: int = 768,
                    run_id: str | None = None, cache: str | None = None, lake: str | None = None,
-                   fewshot: str = "ood", constrained: bool | None = None, max_steps: int = 5) -> AnswerInputs:
+                   fewshot: str = "auto", constrained: bool | None = None, max_steps: int = 5) -> AnswerInputs:
     """Every check an answer run needs, cheapest first; UsageError (one line) on the first mistake."""
     check_numbers(samples=samples, recursion_depth=recursion_depth, limit=limit, shard_size=shard_size,
-                  temperature=temperature, max_tokens=max_tokens, max_steps=max_steps)
-    check_fewshot(fewshot)
+                  temperature=0.0 if temperature is None else temperature, max_tokens=max_tokens, max_steps=max_steps)
+    if fewshot != "auto":
+        check_fewshot(fewshot)
     if run_id is not None:
         check_run_id(run_id)
     manifest = check_pool(pool)
@@ -85,9 +88,15 @@ def prepare_answer(questions: str, out: str | os.PathLike[str], pool: str | os.P
     check_file_path(Path(cache), "--cache")
     if constrained is None:   # the untrained embedded conductor writes prose too often without the grammar
         constrained = checkpoint.startswith("embedded:")
+    from conductor.prompts import resolve_fewshot
+
+    fewshot = resolve_fewshot(fewshot, checkpoint)   # the informed prompt for the untrained embedded conductor
+    if temperature is None:   # an untrained 1.5B samples garbled workflows at 0.7 (measured); its greedy one is its best
+        temperature = 0.0 if checkpoint.startswith("embedded:") else 0.7
     key = settings_key(manifest.id, manifest.fingerprint, checkpoint, samples, recursion_depth, k, seed,
                        temperature, max_tokens, fewshot, constrained, max_steps)
-    return AnswerInputs(questions=qs, pool=manifest, checkpoint=checkpoint, constrained=constrained,
+    return AnswerInputs(questions=qs, pool=manifest, checkpoint=checkpoint, constrained=constrained, fewshot=fewshot,
+                        temperature=temperature,
                         run_id=run_id or derive_run_id(questions, key), settings_key=key, out=out_dir, lake=lake,
                         cache=cache)
 
@@ -166,7 +175,7 @@ def check_k(k: int | None, manifest: "Pool", conductor: str) -> None:
         raise UsageError(f"--k {k}: strategy {conductor!r} runs over the whole pool; drop --k")
 
 
-def check_conductor(spec: str, manifest: "Pool", max_steps: int) -> str:
+def check_conductor(spec: str, manifest: "Pool", max_steps: int, flag: str = "--conductor") -> str:
     """The checkpoint id a conductor spec stands for, or UsageError: strategies are checked against the pool,
     ``champion`` needs a promoted champion, model specs need their files, packages and key variables."""
     from conductor.policy.factory import PolicySpecError, check_spec
@@ -183,7 +192,7 @@ def check_conductor(spec: str, manifest: "Pool", max_steps: int) -> str:
             check_spec(spec)
         return checkpoint_of(spec)
     except (PolicySpecError, StrategyError, RegistryError, OSError) as e:
-        raise UsageError(f"--conductor: {first_line(e)}") from None
+        raise UsageError(f"{flag}: {first_line(e)}") from None
 
 
 def _check_champion(spec: str) -> None:

@@ -27,9 +27,9 @@ DEFAULT_POOL = str(Path(__file__).resolve().parent.parent / "data" / "pools" / "
 @flow(name="conductor-answer", persist_result=False, log_prints=True)
 def answer_flow(questions: str, out: str, pool: str = DEFAULT_POOL, conductor: str = "auto",
                 samples: int = 1, recursion_depth: int = 0, limit: int | None = None, shard_size: int = 5,
-                k: int | None = None, seed: int = 0, temperature: float = 0.7, max_tokens: int = 768,
+                k: int | None = None, seed: int = 0, temperature: float | None = None, max_tokens: int = 768,
                 run_id: str | None = None, cache: str | None = None, replay: bool = False,
-                show_progress: bool | None = None, lake: str | None = None, fewshot: str = "ood",
+                show_progress: bool | None = None, lake: str | None = None, fewshot: str = "auto",
                 constrained: bool | None = None, max_steps: int = 5, retry_failed: bool = True,
                 batch: bool = False, batch_poll_s: float = 60.0) -> dict[str, Any]:
     """Answer a question set; trajectories go to the lake (OUT/lake, or any local or s3:// root given),
@@ -60,13 +60,13 @@ def answer_flow(questions: str, out: str, pool: str = DEFAULT_POOL, conductor: s
         with serving(manifest, conductor=conductor) as live:
             spec = RunSpec(run_id=run_id, kind="answer", pool=live.pool, checkpoint_id=live.checkpoint_id,
                            samples=samples, subpool_k=k, seed=seed, recursion_depth=recursion_depth,
-                           temperature=temperature, max_tokens=max_tokens, fewshot=fewshot,
+                           temperature=inp.temperature, max_tokens=max_tokens, fewshot=inp.fewshot,
                            constrained=inp.constrained, max_steps=max_steps, settings_key=inp.settings_key)
             executor = live.executor(cache_path=inp.cache, replay=replay)
             shard_runner = batch_shard_runner(batch, batch_poll_s, live.pool) or run_shards
             with RunProgress(len(qs) * samples, "answering", enabled=show_progress) as progress:
                 progress.skip((len(qs) - sum(len(sq) for _, sq in todo)) * samples)
-                shard_runner(todo, spec, lake, live.policy, executor, progress.done)
+                shard_runner(todo, spec, lake, live.cached_policy(executor), executor, progress.done)
     return summarize_run(lake, run_id, str(out_dir), current=plan.current_ids)
 
 

@@ -18,20 +18,23 @@ def answer_cmd(
     out: Path = typer.Option(..., "--out", help="Output directory: lake/, answers.jsonl, summary.json, report/."),
     pool: Path = typer.Option(DEFAULT_POOL, "--pool", help="Worker pool manifest (default: the embedded local pool)."),
     conductor: str = typer.Option("auto", "--conductor", help="Conductor policy: auto (the champion if one was promoted, else embedded), embedded, transformers:DIR[#FILE.gguf], "
-                                  "llamacpp:FILE.gguf, vllm:MODEL, openai:MODEL@URL, or champion (the registry's)."),
+                                  "llamacpp:FILE.gguf, vllm:MODEL, openai:MODEL@URL, or champion (the registry's); or a baseline strategy "
+                                  "(docs/strategies.md): fixed:I, sc:I:K, moa:P1+P2+...:AGG, random[:SEED[:MAX_STEPS]]."),
     samples: int = typer.Option(1, "--samples", min=1, help="Conductor samples per question."),
     recursion_depth: int = typer.Option(0, "--recursion-depth", min=0, help="Extra conductor rounds over its own answer."),
     limit: int = typer.Option(None, "--limit", min=1, help="Answer only the first N questions."),
     shard_size: int = typer.Option(5, "--shard-size", min=1, help="Questions per shard (the unit of resume)."),
     k: int = typer.Option(None, "--k", min=1, help="Show the conductor a random k-of-n sub-pool per question."),
     seed: int = typer.Option(0, "--seed"),
-    temperature: float = typer.Option(0.7, "--temperature", min=0.0, help="Conductor sampling temperature."),
+    temperature: float = typer.Option(None, "--temperature", min=0.0, help="Conductor sampling temperature (default: 0, "
+                                      "greedy, for the untrained embedded conductor; 0.7 otherwise)."),
     max_tokens: int = typer.Option(768, "--max-tokens", min=16, help="Conductor completion limit."),
     run_id: str = typer.Option(None, "--run-id", help="Name the run (default: derived from the inputs, so reruns resume)."),
     cache: Path = typer.Option(None, "--cache", help="Response cache (SQLite); default OUT/cache.sqlite."),
     replay: bool = typer.Option(False, "--replay", help="Answer only from the cache; never call a provider."),
-    fewshot: str = typer.Option("ood", "--fewshot", help="Few-shot policy: ood (the paper's default), in_domain, mixed, "
-                                "none; optionally :k to keep k examples."),
+    fewshot: str = typer.Option("auto", "--fewshot", help="Conductor prompt and examples: auto (informed for the untrained "
+                                "embedded conductor, else ood), informed (worker notes, examples on this pool's "
+                                "roles), ood (the paper's default), in_domain, mixed, none; optionally :k."),
     constrained: bool = typer.Option(None, "--constrained/--free", help="Decode the conductor under the workflow "
                                      "grammar (default: on for the embedded conductor, off otherwise)."),
     max_steps: int = typer.Option(5, "--max-steps", min=1, help="Most steps a workflow may have (the paper: 5)."),

@@ -80,11 +80,15 @@ def compare_cmd(
     limit: int = typer.Option(None, "--limit", min=1, help="Only the first N questions."),
     shard_size: int = typer.Option(5, "--shard-size", min=1),
     seed: int = typer.Option(0, "--seed"),
-    temperature: float = typer.Option(0.7, "--temperature", min=0.0, help="Conductor sampling temperature."),
+    temperature: float = typer.Option(None, "--temperature", min=0.0, help="Conductor sampling temperature (default: "
+                                      "as for `conductor answer`)."),
     max_tokens: int = typer.Option(768, "--max-tokens", min=16, help="Conductor completion limit."),
     max_steps: int = typer.Option(5, "--max-steps", min=1, help="The conductor's step limit (a baseline that needs "
                                   "more steps, e.g. sc:0:5, gets what it needs)."),
-    fewshot: str = typer.Option("ood", "--fewshot"),
+    fewshot: str = typer.Option("auto", "--fewshot", help="The conductor's prompt, as for `conductor answer` (auto: "
+                                "informed for the untrained embedded conductor)."),
+    constrained: bool = typer.Option(None, "--constrained/--free", help="Decode the conductor under the workflow "
+                                     "grammar (default: on for the embedded conductor, off otherwise)."),
     cache: Path = typer.Option(None, "--cache", help="One response cache for every strategy (default: one per "
                                "strategy under OUT/runs/, so seconds per question are not flattered by another "
                                "strategy's cached calls)."),
@@ -114,7 +118,7 @@ def compare_cmd(
             plan = _plan(expand(split_strategies(strategies), len(manifest.workers)), conductor, manifest, max_steps)
             labelled = _run_all(plan, questions, out, lake, pool, limit=limit, shard_size=shard_size, seed=seed,
                                 temperature=temperature, max_tokens=max_tokens, fewshot=fewshot,
-                                cache=str(cache) if cache else None, replay=replay)
+                                constrained=constrained, cache=str(cache) if cache else None, replay=replay)
         comparison = compare_runs(lake, labelled, conductor=CONDUCTOR, n_boot=n_boot, seed=seed)
     except (CompareError, DatasetError, PoolError, ValueError, OSError) as e:
         fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
