@@ -9,6 +9,17 @@ Last line (the contract):
 The JSONL side is given every advantage: one line per trajectory holding exactly the
 lake row (derived columns precomputed, calls nested), and ONE pass computing all the
 questions at once, whereas the lake answers each question with its own lazy scan.
+
+Compaction (``--compaction``): the layout bulk answering leaves, one run of
+``--questions`` trajectories committed by ``write_shard`` in shards of
+``--shard-size`` (5: the answer flow's default), so 100,000 questions are 20,000
+shards and 40,000 files. Then files and standard-report time before, ``compact``,
+files and report time after, and the report tables compared (same values):
+
+    python bench/lake.py --compaction --questions 100000 --dir /tmp/lk100k
+
+Last line: questions=<N> files_before=<n> files_after=<m> report_s_before=<x>
+report_s_after=<y> query_speedup=<x/y> compact_s=<z>
 """
 
 from __future__ import annotations
@@ -30,6 +41,8 @@ from conductor.lake.reader import open_lake  # noqa: E402
 from conductor.lake.schema import call_rows, trajectory_row  # noqa: E402
 from conductor.lake.synthetic import synthetic_trajectories  # noqa: E402
 from conductor.lake.writer import write_shard  # noqa: E402
+
+RUN_ID = "answer-bench100k"
 
 
 def _jsonl_line(t) -> str:
@@ -101,15 +114,105 @@ def jsonl_report(path: Path) -> dict:
             "length": length, "failures": failures, "vs_cost": vs_cost}
 
 
+def write_range(lake: str, first: int, last: int, shard_size: int, questions: int) -> int:
+    """Shards ``first..last-1`` of the answer-run layout (one process of the writers)."""
+    for sh in range(first, last):
+        n = min(shard_size, questions - sh * shard_size)
+        ts = list(synthetic_trajectories(n, start=sh * shard_size, seed=11, run_id=RUN_ID, kind="answer"))
+        write_shard(lake, ts, f"{sh:06d}")
+    return last - first
+
+
+def build_layout(lake: Path, questions: int, shard_size: int, writers: int) -> float:
+    """Write the layout with ``writers`` processes (each shard: two fsynced files, as in a real run)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    shards = -(-questions // shard_size)
+    step = 500
+    t0 = time.perf_counter()
+    done = 0
+    with ProcessPoolExecutor(max_workers=writers) as pool:
+        futures = [pool.submit(write_range, str(lake), a, min(shards, a + step), shard_size, questions)
+                   for a in range(0, shards, step)]
+        for f in futures:
+            done += f.result()
+            print(f"  {done}/{shards} shards written, {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
+    return time.perf_counter() - t0
+
+
+def _files(lake: Path) -> int:
+    return sum(1 for p in lake.rglob("*.parquet") if not p.name.startswith("."))
+
+
+def _timed_report(lake: Path, repeat: int) -> tuple[float, dict]:
+    best, tables = float("inf"), {}
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        tables = standard_report(open_lake(str(lake)))   # fresh open: listing and footers included
+        best = min(best, time.perf_counter() - t0)
+    return best, tables
+
+
+def main_compaction(args: argparse.Namespace) -> None:
+    from polars.testing import assert_frame_equal
+
+    from conductor.lake.compact import compact
+
+    work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="lake-compact-bench-"))
+    lake = work / "lake"
+    try:
+        if args.reuse and (lake / "trajectories").exists():
+            build_s = float("nan")
+        else:
+            shutil.rmtree(lake, ignore_errors=True)
+            build_s = build_layout(lake, args.questions, args.shard_size, args.writers)
+        files_before = _files(lake)
+        mb_before = sum(p.stat().st_size for p in lake.rglob("*.parquet")) / 1e6
+        before_s, before = _timed_report(lake, args.repeat)
+        print(f"before: {files_before} files, {mb_before:.0f} MB, report {before_s:.2f}s", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        rep = compact(str(lake), run_id=RUN_ID, target_mb=args.target_mb)
+        compact_s = time.perf_counter() - t0
+        files_after = _files(lake)
+        mb_after = sum(p.stat().st_size for p in lake.rglob("*.parquet")) / 1e6
+        after_s, after = _timed_report(lake, args.repeat)
+        for name, df in before.items():      # the same answers (floats up to summation order)
+            assert_frame_equal(df, after[name], check_exact=False, rel_tol=1e-9)
+        print(f"layout written in {build_s:.0f}s; compaction: {rep.line()}; {mb_before:.0f} MB -> {mb_after:.0f} MB; "
+              f"report {before_s:.2f}s -> {after_s:.2f}s (best of {args.repeat}); report tables equal", file=sys.stderr)
+        print(f"questions={args.questions} files_before={files_before} files_after={files_after} "
+              f"report_s_before={before_s:.3f} report_s_after={after_s:.3f} query_speedup={before_s / after_s:.1f} "
+              f"compact_s={compact_s:.1f}")
+    finally:
+        if not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=10_000, help="synthetic trajectories (default 10000: well under a minute)")
-    ap.add_argument("--shard-size", type=int, default=10_000, help="trajectories per shard file")
+    ap.add_argument("--shard-size", type=int, default=None,
+                    help="trajectories per shard file (default 10000; with --compaction 5, as bulk answering)")
     ap.add_argument("--dir", default=None, help="work directory (default: a temp dir, removed afterwards)")
     ap.add_argument("--repeat", type=int, default=2, help="query timings: best of this many runs")
     ap.add_argument("--no-jsonl", action="store_true",
                     help="skip the JSONL side (huge N: measures write and report only; speedup prints as nan)")
+    ap.add_argument("--compaction", action="store_true",
+                    help="measure compaction instead: files and report time before/after on an answer-run layout")
+    ap.add_argument("--questions", type=int, default=100_000, help="--compaction: trajectories in the run")
+    ap.add_argument("--writers", type=int, default=2, help="--compaction: processes writing the layout")
+    ap.add_argument("--target-mb", type=float, default=128.0, help="--compaction: size of the compacted files")
+    ap.add_argument("--reuse", action="store_true", help="--compaction: keep a layout already in --dir")
     args = ap.parse_args()
+    if args.compaction:
+        if args.questions <= 0 or args.writers <= 0:
+            sys.exit("error: --questions and --writers must be positive")
+        args.shard_size = args.shard_size or 5
+        if args.shard_size <= 0:
+            sys.exit("error: --shard-size must be positive")
+        main_compaction(args)
+        return
+    args.shard_size = args.shard_size or 10_000
     if args.rows <= 0 or args.shard_size <= 0:
         sys.exit("error: --rows and --shard-size must be positive")
 

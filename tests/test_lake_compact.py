@@ -60,7 +60,7 @@ def test_compaction_keeps_every_row_and_query_result(tmp_path: Path) -> None:
     for table in rows:                         # the very same rows, value for value
         assert after[table].equals(rows[table]), table
     for name, df in standard_report(str(root)).items():    # aggregates: same up to float summation order
-        assert_frame_equal(df, report[name], check_exact=False, rtol=1e-12)
+        assert_frame_equal(df, report[name], check_exact=False, rel_tol=1e-12)
     assert lake_stats(str(root)).equals(stats)             # shards are still counted from the shard column
     assert sql(str(root), "SELECT count(*) AS n, sum(n_calls) AS c FROM trajectories").equals(n_sql)
 

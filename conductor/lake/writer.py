@@ -184,7 +184,7 @@ def _drop_keys(row: dict[str, Any]) -> dict[str, Any]:
 def _remove_other_dates(loc: LakeLocation, kind: str, run_id: str, keep_date: str, name: str) -> None:
     """A rerun on another day must replace, not duplicate, the shard written under the old date."""
     for table_name in ("trajectories", "calls"):
-        for path in loc.fs.glob(loc.path(table_name, f"kind={kind}", "date=*", f"run_id={run_id}", name)):
+        for path in loc.glob(loc.path(table_name, f"kind={kind}", "date=*", f"run_id={run_id}", name)):
             if f"/date={keep_date}/" not in path:
                 loc.fs.rm(path)
                 log.info("lake: removed superseded %s", loc.uri(path))
@@ -198,7 +198,7 @@ def _evict(loc: LakeLocation, kind: str, run_id: str, shard_id: str) -> None:
     for (_, name), m in list(vis.visible.items()):
         if shard_id not in m.shards:
             continue
-        for traj in loc.fs.glob(loc.path("trajectories", f"kind={kind}", "date=*", f"run_id={run_id}", name)):
+        for traj in loc.glob(loc.path("trajectories", f"kind={kind}", "date=*", f"run_id={run_id}", name)):
             part = traj[len(loc.path("trajectories")) + 1:].rsplit("/", 1)[0]
             calls = loc.path("calls", part, name)
             rest = m.shards - {shard_id}
@@ -219,7 +219,7 @@ def shard_done(lake_root: str | LakeLocation, kind: str, run_id: str, shard_id: 
     loc = open_location(lake_root, storage_options)
     pattern = loc.path("trajectories", f"kind={check_key('kind', kind)}", "date=*",
                        f"run_id={check_key('run_id', run_id)}", shard_file_name(shard_id))
-    if loc.fs.glob(pattern):
+    if loc.glob(pattern):
         return True
     return load_visibility(loc, kind, run_id).holder((kind, run_id), shard_id) is not None
 
@@ -259,31 +259,46 @@ def _trajectory_ids(loc: LakeLocation, paths: list[str], shards: frozenset[str])
 
 def _stream(loc: LakeLocation, paths: list[str], schema: pa.Schema, out: pq.ParquetWriter, drop: set[str]) -> int:
     """Copy every row of ``paths`` (conformed to ``schema``) into ``out`` in row groups of ~ROW_GROUP_BYTES."""
-    buf: list[pa.RecordBatch] = []
+    buf: list[pa.Table] = []
     size = rows = 0
+    drop_ids = pa.array(sorted(drop), pa.string())
     for p in paths:
-        with loc.fs.open(p, "rb") as fh:
-            for batch in pq.ParquetFile(fh).iter_batches(batch_size=4096):
-                batch = _conform(batch, schema)
+        with _parquet(loc, p) as pf:
+            for i in range(pf.num_row_groups):   # one row group at a time: memory stays bounded
+                t = _conform(pf.read_row_group(i), schema)
                 if drop:
-                    batch = batch.filter(pc.invert(pc.is_in(batch.column("trajectory_id"),
-                                                            pa.array(sorted(drop), pa.string()))))
-                buf.append(batch)
-                size += batch.nbytes
-                rows += batch.num_rows
+                    t = t.filter(pc.invert(pc.is_in(t.column("trajectory_id"), drop_ids)))
+                buf.append(t)
+                size += t.nbytes
+                rows += t.num_rows
                 if size >= ROW_GROUP_BYTES:
-                    out.write_table(pa.Table.from_batches(buf, schema), row_group_size=1 << 30)
+                    out.write_table(pa.concat_tables(buf), row_group_size=1 << 30)
                     buf, size = [], 0
     if buf:
-        out.write_table(pa.Table.from_batches(buf, schema), row_group_size=1 << 30)
+        out.write_table(pa.concat_tables(buf), row_group_size=1 << 30)
     return rows
 
 
-def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """A batch with exactly ``schema``'s columns: older files' missing columns become nulls."""
+@contextmanager
+def _parquet(loc: LakeLocation, path: str) -> Iterator[pq.ParquetFile]:
+    """A Parquet file to stream from: local files by path (Arrow's own reads, ~4x faster than
+    through a Python file object), others through fsspec."""
+    if loc.is_local:
+        pf = pq.ParquetFile(path)
+        try:
+            yield pf
+        finally:
+            pf.close()
+        return
+    with loc.fs.open(path, "rb") as fh:
+        yield pq.ParquetFile(fh)
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """A table with exactly ``schema``'s columns: older files' missing columns become nulls."""
     cols = []
     for f in schema:
-        idx = batch.schema.get_field_index(f.name)
-        col = batch.column(idx) if idx >= 0 else pa.nulls(batch.num_rows, f.type)
+        idx = table.schema.get_field_index(f.name)
+        col = table.column(idx) if idx >= 0 else pa.chunked_array([pa.nulls(table.num_rows, f.type)], f.type)
         cols.append(col if col.type.equals(f.type) else col.cast(f.type))
-    return pa.RecordBatch.from_arrays(cols, schema=schema)
+    return pa.Table.from_arrays(cols, schema=schema)
