@@ -43,12 +43,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import itertools
 import json
 import math
 import random
 import re
 import threading
 import time
+import uuid
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -282,6 +284,7 @@ def _bad_schema(route: str) -> dict[str, Any]:
 # ------------------------------------------------------------- batch APIs
 
 _BATCH_FAULT_RE = re.compile(r"\[\[batchfault:(error|expire)(?:\*(\d+))?\]\]")
+_IDS = itertools.count(1)
 _ANTHROPIC_CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _GEMINI_BATCH_TYPE = "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch"
 
@@ -372,8 +375,8 @@ def _batch_item(state: EmulatorState, custom_id: str, req: _Req, body: Any, meta
 
 
 def _new_id(state: EmulatorState, prefix: str) -> str:
-    state.counts["_ids"] += 1
-    return f"{prefix}{state.counts['_ids']:06d}{state.rng.getrandbits(32):08x}"
+    """Unique for the life of the process (as a provider's ids are), also across ``reset``."""
+    return f"{prefix}{next(_IDS):06d}{uuid.uuid4().hex[:8]}"
 
 
 # -- OpenAI: files + batches --

@@ -227,3 +227,32 @@ def test_workers_can_opt_in_or_out_in_the_manifest(emu: Emulator, tmp_path: Path
     run_batched([make_traj(lists([0, 1], ["c", "d"], [[], [0]]))], p2, tmp_path, BatchSettings(enabled=False, poll_s=0.02),
                 cache="cache2.sqlite")
     assert [b["route"] for b in emu.batches()] == ["openai"] and emu.stats()["anthropic"] == 1
+
+
+def test_a_batch_the_provider_no_longer_has_is_submitted_again(emu: Emulator, tmp_path: Path) -> None:
+    """A stored handle whose batch is gone (404) does not strand its calls: they go into a new batch."""
+    emu.configure(batch_delay_s=30.0)
+    p = pool(emu)
+    ts = [make_traj(lists([1], ["Answer."], [[]]), question=f"Question {i}", qid=f"q{i}") for i in range(3)]
+    ex = BatchExecutor(store=BatchStore(tmp_path / "batches.sqlite"), settings=BatchSettings(poll_s=0.02),
+                       cache=ResponseCache(tmp_path / "cache.sqlite"), retry=FAST)
+    ex.expect(len(ts))
+
+    async def stopped() -> None:
+        task = asyncio.ensure_future(execute_batch(ts, p.full(), ex, on_done=lambda t: ex.trajectory_done()))
+        while not ex.store.batches():
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await ex.aclose()
+
+    asyncio.run(stopped())
+    ex.cache.close()
+    ex.store.close()
+    emu.reset()                                    # the provider forgets every batch
+    emu.configure(batch_delay_s=0.1)
+    out, ex2 = run_batched([make_traj(lists([1], ["Answer."], [[]]), question=f"Question {i}", qid=f"q{i}")
+                            for i in range(3)], p, tmp_path)
+    assert all(not t.infra_failed and t.final_answer for t in out)
+    assert [len(b["custom_ids"]) for b in emu.batches()] == [3]
+    assert [b["final_status"] for b in BatchStore(tmp_path / "batches.sqlite").batches()] == ["not_found", "ended"]

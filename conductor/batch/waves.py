@@ -267,7 +267,12 @@ class WaveScheduler:
                 try:
                     p = await adapter.poll(batch_id, ids)
                 except ProviderError as e:
-                    if not e.retryable:
+                    if e.status == 404:         # the provider no longer knows it (deleted, purged): requests lost
+                        log.warning("batch %s: the provider no longer has it; its requests go into a new batch",
+                                    batch_id)
+                        p = Poll(True, "not_found")
+                        break
+                    if not e.retryable:         # e.g. a refused key: callers fail, the handle stays for a rerun
                         log.warning("batch %s: polling failed (%s: %s)", batch_id, e.kind, e)
                         for key in ids:
                             self.tracked.discard(key)
