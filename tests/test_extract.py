@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conductor.extract import (Extraction, answer_tag, boxed, choice_letter, code_block, extract,
+from conductor.extract import (Extraction, _fenced_blocks, answer_tag, boxed, choice_letter, code_block, extract,
                                final_answer_line, last_number)
 
 latex_atoms = st.sampled_from(["x", "1", "\\pi", "\\frac{a}{b}", "\\sqrt{2}", "{y}", "\\{1,2\\}", "(3, 4)", "-7"])
@@ -89,3 +91,49 @@ def test_per_dataset_rules():
     assert strict("<answer>5</answer>") == "5"
     with pytest.raises(ValueError, match="unknown extraction rule"):
         extract("x", ["nope"])
+
+
+def _reference_tag(t: str) -> str | None:
+    """The last opening tag that is closed, up to its nearest closing tag (quadratic; small inputs only)."""
+    best, i = None, t.find("<answer>")
+    while i >= 0:
+        j = t.find("</answer>", i + 8)
+        if j >= 0:
+            best = t[i + 8:j].strip()
+        i = t.find("<answer>", i + 1)
+    return best
+
+
+def _reference_boxed(t: str) -> str | None:
+    """The former per-box scan (quadratic on nested boxes; small inputs only)."""
+    last = None
+    for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", t):
+        depth, i = 1, m.end()
+        while i < len(t) and depth:
+            if t[i] == "\\" and i + 1 < len(t):
+                i += 2
+                continue
+            depth += 1 if t[i] == "{" else -1 if t[i] == "}" else 0
+            i += 1
+        if depth == 0:
+            last = t[m.end():i - 1].strip()
+    if last is None:
+        spaced = re.findall(r"\\boxed +([^\s$]+)", t)
+        last = spaced[-1] if spaced else None
+    return last
+
+
+def _reference_code(t: str) -> list[tuple[str, str]]:
+    return re.findall(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", t, re.DOTALL)
+
+
+soup = st.lists(st.sampled_from(["<answer>", "</answer>", "\\boxed{", "\\boxed ", "{", "}", "\\{", "```", "```py",
+                                 "\n", " ", "**B**", "7", "x"]), max_size=60).map("".join)
+
+
+@given(soup)
+def test_linear_extractors_match_the_simple_quadratic_ones(text):
+    assert answer_tag(text) == _reference_tag(text)
+    assert boxed(text) == _reference_boxed(text)
+    assert _fenced_blocks(text) == _reference_code(text)
+    assert choice_letter(text, 4) in (None, "A", "B", "C", "D")

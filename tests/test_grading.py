@@ -209,3 +209,70 @@ def test_stdin_stdout_many_cases_and_a_late_failure():
     assert grader.grade({"tests": cases}, square).correct
     wrong_at_4 = "```python\nn = int(input())\nprint(n * n if n != 4 else 0)\n```"
     assert grader.grade({"tests": cases}, wrong_at_4).detail == "test 4: wrong output"
+
+
+# --------------------------------------------------------------------------- the code harness holds against a hostile program
+# (the exits and always-equal results the harness was built for are in tests/test_adversarial_grading.py)
+
+ADD_ONE = {"tests": "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(41) == 42\n",
+           "entry_point": "add_one"}
+
+
+@pytest.fixture(scope="module")
+def code_grader() -> CodeGrader:
+    return CodeGrader(Sandbox(Limits(wall_s=10, memory_mb=512)))
+
+
+def test_a_right_solution_still_passes(code_grader):
+    res = code_grader.grade(ADD_ONE, "```python\ndef add_one(x):\n    return x + 1\n```")
+    assert (res.correct, res.error) == (True, None), res
+
+
+@pytest.mark.parametrize("solution", [
+    "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\ndef add_one(x):\n    return 0\n",
+    "import builtins\nbuiltins.AssertionError = type('Nope', (Exception,), {})\ndef add_one(x):\n    return 0\n",
+    "import sys, os\nfor fd in range(3, 20):\n    try:\n        os.write(fd, b'garbage')\n    except OSError:\n        pass\n"
+    "def add_one(x):\n    return 0\n",
+])
+def test_attacks_on_the_harness_itself_fail(code_grader, solution):
+    res = code_grader.grade(ADD_ONE, f"```python\n{solution}```")
+    assert res.correct is False and res.error is None, res
+
+
+THIEF = r'''
+import glob, os, re
+found = []
+for path in ["token", "tests.py", *glob.glob("/proc/*/cmdline"), *glob.glob("/proc/*/environ")]:
+    try:
+        found.append(open(path, "rb").read().decode("latin-1"))
+    except OSError:
+        pass
+try:                                            # the harness's memory: the token is there somewhere
+    ppid = os.getppid()
+    with open(f"/proc/{ppid}/maps") as maps, open(f"/proc/{ppid}/mem", "rb") as mem:
+        for line in maps:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            try:
+                mem.seek(lo)
+                found.append(mem.read(min(hi - lo, 1 << 24)).decode("latin-1"))
+            except (OSError, ValueError, OverflowError):
+                pass
+except OSError:
+    pass
+for blob in found:
+    for tok in set(re.findall(r"[0-9a-f]{32}", blob)):
+        print(tok)
+def add_one(x):
+    return 0
+'''
+
+
+def test_the_token_cannot_be_stolen_from_files_or_the_harness_memory(code_grader):
+    res = code_grader.grade(ADD_ONE, f"```python\n{THIEF}```")
+    assert res.correct is False and res.error is None, res
+
+
+def test_stdin_stdout_items_still_accept_an_exit_after_the_right_output(code_grader):
+    q = {"tests": [{"input": "2\n", "output": "3\n"}]}
+    assert code_grader.grade(q, "```python\nimport sys\nprint(int(input()) + 1)\nsys.exit(0)\n```").correct
+    assert not code_grader.grade(q, "```python\nimport sys\nsys.exit(0)\nprint(int(input()) + 1)\n```").correct

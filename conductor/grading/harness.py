@@ -18,7 +18,8 @@ Why a harness: an exit status says nothing about whether the tests ran. A progra
 Limits: the tests call helpers the prompt defines (``poly`` in HumanEval/32) in the program process,
 so a solution that rewrites such a helper is not caught; tests that pass a function or an object
 *into* the candidate, or check an argument the candidate mutated in place, cannot run here.
-This file must import only the standard library: it runs under ``python -I -S``.
+This file must import only the standard library, and little of it (every run pays for its imports):
+it runs under ``python -I -S``.
 """
 
 from __future__ import annotations
@@ -27,20 +28,18 @@ import builtins
 import marshal
 import os
 import sys
-import traceback
-from typing import Any
 
 MAX_MESSAGE = 1 << 28      # bytes in one reply from the program process
 
 
-def _send(fd: int, obj: Any) -> None:
+def _send(fd: int, obj: object) -> None:
     data = marshal.dumps(obj)
     data = len(data).to_bytes(8, "little") + data
     while data:
         data = data[os.write(fd, data):]
 
 
-def _recv(fd: int) -> Any:
+def _recv(fd: int) -> object:
     size = int.from_bytes(_read_exact(fd, 8), "little")
     if size > MAX_MESSAGE:
         raise EOFError(f"message of {size} bytes")
@@ -64,14 +63,14 @@ def _read_exact(fd: int, n: int) -> bytes:
 def _serve_program(requests: int, replies: int) -> None:
     """Load solution.py once asked to, then answer ``get`` and ``call`` requests until killed."""
     _recv(requests)                                   # "load": the harness has hidden its secrets
-    scope: dict[str, Any] = {"__name__": "__main__", "__file__": os.path.abspath("solution.py"),
+    scope: dict[str, object] = {"__name__": "__main__", "__file__": os.path.abspath("solution.py"),
                              "__builtins__": builtins}
     _send(replies, _guard(lambda: exec(compile(open("solution.py").read(), "solution.py", "exec"), scope)))
     while True:
         req = _recv(requests)
         if req[0] == "get":
             if req[1] not in scope:
-                reply: tuple[Any, ...] = ("missing",)
+                reply: tuple[object, ...] = ("missing",)
             elif callable(scope[req[1]]):
                 reply = ("callable",)
             else:
@@ -83,17 +82,19 @@ def _serve_program(requests: int, replies: int) -> None:
         _send(replies, reply)
 
 
-def _guard(fn: Any) -> tuple[Any, ...]:
+def _guard(fn: object) -> tuple[object, ...]:
     try:
         result = fn()
     except SystemExit as exc:
         return ("exit", repr(exc.code)[:200])
     except BaseException as exc:  # noqa: BLE001  (reported to the harness, which re-raises it)
+        import traceback              # only on this path: importing it costs ~20 ms of every run's start-up
+
         return ("raise", type(exc).__name__, str(exc)[:2000], traceback.format_exc()[-4000:])
     return _plain(result)
 
 
-def _plain(value: Any) -> tuple[Any, ...]:
+def _plain(value: object) -> tuple[object, ...]:
     try:
         marshal.dumps(value)
     except ValueError:
@@ -112,7 +113,7 @@ class _Channel:
     def __init__(self, pid: int, requests: int, replies: int) -> None:
         self.pid, self.requests, self.replies = pid, requests, replies
 
-    def ask(self, request: tuple[Any, ...]) -> Any:
+    def ask(self, request: tuple[object, ...]) -> object:
         try:
             _send(self.requests, request)
             reply = _recv(self.replies)
@@ -140,7 +141,7 @@ class Namespace(dict):  # type: ignore[type-arg]
 
     channel: _Channel
 
-    def __missing__(self, name: str) -> Any:
+    def __missing__(self, name: str) -> object:
         if hasattr(builtins, name):
             raise KeyError(name)            # the interpreter then looks in builtins
         reply = self.channel.ask(("get", name))
@@ -151,8 +152,8 @@ class Namespace(dict):  # type: ignore[type-arg]
         return value
 
 
-def _proxy(channel: _Channel, name: str) -> Any:
-    def call(*args: Any, **kwargs: Any) -> Any:
+def _proxy(channel: _Channel, name: str) -> object:
+    def call(*args: object, **kwargs: object) -> object:
         try:
             marshal.dumps((args, kwargs))
         except ValueError:
@@ -163,7 +164,7 @@ def _proxy(channel: _Channel, name: str) -> Any:
     return call
 
 
-def _fail(message: str) -> Any:
+def _fail(message: str) -> object:
     sys.stderr.write(f"\nharness: {message}\n")
     sys.stderr.flush()
     os._exit(1)
