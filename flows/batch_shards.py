@@ -15,6 +15,7 @@ from typing import Any, Sequence
 from prefect import get_run_logger
 
 from conductor.pipeline import RunSpec
+from flows.shards import MAX_CONDUCTOR_FAILURES, _mark_failed
 from tasks.batch import execute_waves_task
 from tasks.lake import write_shard_task
 from tasks.pipeline import generate_shard, plan_shard, score_shard
@@ -35,20 +36,39 @@ def batch_executor(executor: Any, enabled: bool = True, poll_s: float = 60.0) ->
 def run_shards_batched(todo: Sequence[tuple[str, Sequence[Any]]], spec: RunSpec, lake: str, policy: Any,
                        executor: Any, on_done: Any = None, scheme: Any = None, *, enabled: bool = True,
                        poll_s: float = 60.0) -> int:
-    """Plan and generate every pending shard, execute them all in waves, then grade and commit each shard."""
+    """Plan and generate every pending shard, execute them all in waves, then grade and commit each shard.
+
+    A shard whose conductor call fails is committed as infra-failed (a rerun retries it), as in ``run_shards``;
+    after ``MAX_CONDUCTOR_FAILURES`` such shards in a row, or a refused key, no more shards are generated."""
+    from conductor.policy.openai_backend import EndpointError
+
     log = get_run_logger()
-    planned = []
+    planned, written, failures = [], 0, 0
     for sid, sq in todo:
-        trajs = generate_shard(plan_shard(sq, spec, sid), policy, spec)
+        trajs = plan_shard(sq, spec, sid)
+        try:
+            trajs = generate_shard(trajs, policy, spec)
+        except EndpointError as e:
+            failures += 1
+            _mark_failed(trajs, f"conductor: {e}", on_done)
+            write_shard_task(lake, trajs, sid)
+            written += len(trajs)
+            log.warning("%s shard %s: conductor failed, %d trajectories recorded as infra-failed: %s",
+                        spec.kind, sid, len(trajs), e)
+            if failures >= MAX_CONDUCTOR_FAILURES or e.kind == "auth":
+                break
+            continue
+        failures = 0
         planned.append((sid, sq, trajs))
     everything = [t for _, _, trajs in planned for t in trajs]
+    if not everything:
+        return written
     bex = batch_executor(executor, enabled, poll_s)
     try:
         execute_waves_task(everything, spec, bex, policy, on_done)
         log.info("batch mode: %s", ", ".join(f"{k}={v}" for k, v in sorted(bex.batch_stats.items())) or "no batches")
     finally:
         bex.store.close()
-    written = 0
     for sid, sq, trajs in planned:
         score_shard(trajs, sq, scheme)
         write_shard_task(lake, trajs, sid)
