@@ -29,18 +29,21 @@ class Live:
     manifest: "Pool"             # as written (cache keys and fingerprints come from this one)
     policy: "PolicyBackend"
     checkpoint_id: str
-    _executors: dict[tuple[str | None, bool], "Executor"] = field(default_factory=dict)
+    _executors: dict[tuple[str | None, bool, str | None], "Executor"] = field(default_factory=dict)
 
-    def executor(self, cache_path: str | None = None, replay: bool = False) -> "Executor":
-        """The executor for this cache (built once): shared rate limits and an on-disk response cache
-        (replay: never call a provider)."""
+    def executor(self, cache_path: str | None = None, replay: bool = False, limits: str | None = None) -> "Executor":
+        """The executor for this cache (built once): rate limits and an on-disk response cache (replay: never
+        call a provider). ``limits``: where the rate limits live when processes share a quota
+        (``sqlite:PATH``, ``prefect``; None/``local``: this process; conductor/shared_limits.py)."""
         from conductor.cache import ResponseCache
         from conductor.executor import Executor
+        from conductor.ratelimit import RateLimiter
+        from conductor.shared_limits import open_shared
 
-        key = (cache_path, replay)
+        key = (cache_path, replay, limits)
         if key not in self._executors:
             cache = ResponseCache(cache_path, mode="replay" if replay else "read_write") if cache_path else None
-            self._executors[key] = Executor(cache=cache)
+            self._executors[key] = Executor(cache=cache, limiter=RateLimiter(shared=open_shared(limits)))
         return self._executors[key]
 
 

@@ -31,10 +31,13 @@ def answer_flow(questions: str, out: str, pool: str = DEFAULT_POOL, conductor: s
                 run_id: str | None = None, cache: str | None = None, replay: bool = False,
                 show_progress: bool | None = None, lake: str | None = None, fewshot: str = "auto",
                 constrained: bool | None = None, max_steps: int = 5, retry_failed: bool = True,
-                batch: bool = False, batch_poll_s: float = 60.0) -> dict[str, Any]:
+                batch: bool = False, batch_poll_s: float = 60.0, limits: str | None = None,
+                compact: bool = False) -> dict[str, Any]:
     """Answer a question set; trajectories go to the lake (OUT/lake, or any local or s3:// root given),
     answers to OUT/answers.jsonl, a summary and report to OUT. ``batch``: worker calls go through the providers'
-    batch APIs at half price, polled every ``batch_poll_s`` seconds (flows/batch_shards.py)."""
+    batch APIs at half price, polled every ``batch_poll_s`` seconds (flows/batch_shards.py). ``limits``: a store
+    shared with other processes spending the same provider quotas (``sqlite:PATH``, ``prefect``;
+    conductor/shared_limits.py). ``compact``: merge the run's shard files afterwards (conductor/lake/compact.py)."""
     from conductor.preflight import prepare_answer
     from conductor.progress import RunProgress
     from conductor.runtime import serving
@@ -62,11 +65,15 @@ def answer_flow(questions: str, out: str, pool: str = DEFAULT_POOL, conductor: s
                            samples=samples, subpool_k=k, seed=seed, recursion_depth=recursion_depth,
                            temperature=inp.temperature, max_tokens=max_tokens, fewshot=inp.fewshot,
                            constrained=inp.constrained, max_steps=max_steps, settings_key=inp.settings_key)
-            executor = live.executor(cache_path=inp.cache, replay=replay)
+            executor = live.executor(cache_path=inp.cache, replay=replay, limits=limits)
             shard_runner = batch_shard_runner(batch, batch_poll_s, live.pool) or run_shards
             with RunProgress(len(qs) * samples, "answering", enabled=show_progress) as progress:
                 progress.skip((len(qs) - sum(len(sq) for _, sq in todo)) * samples)
                 shard_runner(todo, spec, lake, live.cached_policy(executor), executor, progress.done)
+    if compact:
+        from conductor.lake.compact import compact as compact_lake
+
+        log.info("lake compaction: %s", compact_lake(lake, run_id=run_id, kind="answer").line())
     return summarize_run(lake, run_id, str(out_dir), current=plan.current_ids)
 
 

@@ -44,7 +44,7 @@ def evaluate_flow(candidate: str, champion: str, questions: str, pool: str, lake
                   samples: int = 4, seed: int = 0, temperature: float = 0.7, max_tokens: int = 1024,
                   k: int | None = None, heldout_workers: list[str] | None = None, limit: int | None = None,
                   cache: str | None = None, shard_size: int = 4, candidate_id: str | None = None,
-                  champion_id: str | None = None, fewshot: str = "ood") -> dict[str, Any]:
+                  champion_id: str | None = None, fewshot: str = "ood", limits: str | None = None) -> dict[str, Any]:
     """Compare ``candidate`` with ``champion`` (conductor specs).
 
     Returns {"reports": {"main": report, "heldout": report?}, "runs": {"main": {checkpoint id: eval run id}, ...}}.
@@ -77,7 +77,7 @@ def evaluate_flow(candidate: str, champion: str, questions: str, pool: str, lake
             rollout_flow(questions=questions, lake=lake, pool=pool_path, conductor=spec, run_id=run,
                          group_size=samples, k=kk, seed=seed, temperature=temperature, max_tokens=max_tokens,
                          limit=limit, shard_size=shard_size, cache=cache, kind="eval", checkpoint_id=cid,
-                         fewshot=fewshot)
+                         fewshot=fewshot, limits=limits)
             runs[cid] = run
         report = compare_runs(lake, runs[cand_id], runs[champ_id], cand_id, champ_id, seed=seed)
         reports[name] = report

@@ -92,7 +92,8 @@ def nightly_flow(pool: str, train_questions: str, eval_questions: str, work_dir:
                  max_dollars: float | None = None, max_hours: float | None = None,
                  promotion: dict[str, Any] | None = None, shard_size: int = 4,
                  backend: str = "transformers", lake: str | None = None, fewshot: str = "ood",
-                 tracking_uri: str | None = None, conductor_format: dict[str, Any] | None = None) -> dict[str, Any]:
+                 tracking_uri: str | None = None, conductor_format: dict[str, Any] | None = None,
+                 limits: str | None = None) -> dict[str, Any]:
     """``base``: the checkpoint to start from when there is no champion (directory, .gguf or s3:// URL);
     ``backend``: the policy backend that samples rollouts from a checkpoint (``vllm`` on GPU nodes);
     ``lake``: where trajectories go (default WORK_DIR/lake; a local path or s3://).
@@ -101,7 +102,8 @@ def nightly_flow(pool: str, train_questions: str, eval_questions: str, work_dir:
     warning when mlflow is not installed); the curves are also drawn to the night's report directory.
     ``conductor_format``: a decoding contract for the base (``conductor.grpo.format``: subtask vocabulary,
     steps, plan line) written next to its HF copy, so every rollout, evaluation and answer with it and its
-    trained descendants decodes under that grammar (how an untrained small conductor gets a learning signal)."""
+    trained descendants decodes under that grammar (how an untrained small conductor gets a learning signal).
+    ``limits``: the store its rollouts and evaluations share provider limits through (flows/rollout.py)."""
     from prefect.artifacts import create_markdown_artifact
 
     from conductor.evaluation import EvalReport
@@ -160,7 +162,7 @@ def nightly_flow(pool: str, train_questions: str, eval_questions: str, work_dir:
         roll = rollout_flow(questions=train_questions, lake=lake, pool=pool, conductor=_spec(current), run_id=run_id,
                             group_size=group_size, k=k, seed=seed + i, max_tokens=max_tokens,
                             limit=questions_per_iteration, offset=i * questions_per_iteration, shard_size=shard_size,
-                            cache=cache, checkpoint_id=current_id, fewshot=fewshot)
+                            cache=cache, checkpoint_id=current_id, fewshot=fewshot, limits=limits)
         it = {"iteration": i, "run_id": run_id, "trajectories": roll["trajectories"],
               "mean_reward": roll["mean_reward"], "accuracy": roll["accuracy"]}
         if (stopped := over_budget(night_usage(lake, night), started, max_calls, max_dollars, max_hours)):
@@ -202,7 +204,7 @@ def nightly_flow(pool: str, train_questions: str, eval_questions: str, work_dir:
                                    pool=pool, lake=lake, out=str(reports), samples=eval_samples, seed=seed,
                                    max_tokens=max_tokens, k=k, heldout_workers=heldout_workers, limit=eval_limit,
                                    cache=cache, shard_size=shard_size, candidate_id=candidate_id,
-                                   champion_id=champion.checkpoint_id, fewshot=fewshot)
+                                   champion_id=champion.checkpoint_id, fewshot=fewshot, limits=limits)
         report = EvalReport.from_json(evaluation["reports"]["main"])
         d = reg.promote_if_better(candidate_id, report, PromotionPolicy(**(promotion or {})))
         decision = {"promote": d.promote, "reason": d.reason, "candidate_id": d.candidate_id,
@@ -219,7 +221,7 @@ def nightly_flow(pool: str, train_questions: str, eval_questions: str, work_dir:
                 run = eval_run_id(f"fixed:{i}", eval_questions, eval_limit, pool, eval_samples, seed)
                 rollout_flow(questions=eval_questions, lake=lake, pool=pool, conductor=f"fixed:{i}", run_id=run,
                              group_size=eval_samples, seed=seed, limit=eval_limit, shard_size=shard_size,
-                             cache=cache, kind="eval", checkpoint_id=f"fixed:{i}")
+                             cache=cache, kind="eval", checkpoint_id=f"fixed:{i}", limits=limits)
                 s, _ = run_summary(lake, run, "eval")
                 points.append(Point(w.name, s["accuracy"], s["dollars_per_question"], "worker"))
     path = render_nightly_report(reports, pool_id=manifest.id, decision=decision, why=why, iterations=its,

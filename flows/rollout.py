@@ -45,8 +45,11 @@ def rollout_flow(questions: str, lake: str, pool: str, conductor: str, run_id: s
                  k: int | None = None, seed: int = 0, temperature: float = 1.0, max_tokens: int = 1024,
                  recursion_depth: int = 0, limit: int | None = None, offset: int = 0, shard_size: int = 4,
                  cache: str | None = None, kind: str = "rollout", checkpoint_id: str | None = None,
-                 fewshot: str = "ood") -> dict[str, Any]:
-    """Write one rollout run (GRPO groups) to the lake; returns counts and mean reward."""
+                 fewshot: str = "ood", limits: str | None = None) -> dict[str, Any]:
+    """Write one rollout run (GRPO groups) to the lake; returns counts and mean reward.
+
+    ``limits``: the store the shard processes share provider limits through (``sqlite:PATH``, ``prefect``;
+    conductor/shared_limits.py); fanned out on Dask/Ray it defaults to ``limits.sqlite`` next to the cache."""
     from conductor.pool import load_pool
     from conductor.questions import sharded
     from conductor.questionset import load_questions
@@ -64,10 +67,14 @@ def rollout_flow(questions: str, lake: str, pool: str, conductor: str, run_id: s
     shards = list(sharded(qs, shard_size))
     log.info("%s run %s: %d questions x %d samples in %d shards", kind, run_id, len(qs), group_size, len(shards))
     if _runs_remotely():  # fan out: each Dask/Ray worker builds its own runtime from the plain specs
-        futures = [run_shard_task.submit(sq, spec, sid, lake, conductor, cache) for sid, sq in shards]
+        from conductor.shared_limits import default_spec
+
+        limits = limits or default_spec(cache, fans_out=True)   # one quota for every worker process
+        log.info("%s run %s: provider limits shared through %s", kind, run_id, limits)
+        futures = [run_shard_task.submit(sq, spec, sid, lake, conductor, cache, limits) for sid, sq in shards]
         written = sum(f.result() for f in futures)
     else:                 # in-process: one loaded policy, shards in order
-        written = sum(run_shard_task(sq, spec, sid, lake, conductor, cache) for sid, sq in shards)
+        written = sum(run_shard_task(sq, spec, sid, lake, conductor, cache, limits) for sid, sq in shards)
     summary, _ = run_summary(lake, run_id, kind)
     summary["written_now"] = written
     log.info("%s run %s: %d trajectories (%d new), mean reward %s, accuracy %s", kind, run_id,

@@ -13,7 +13,7 @@ from conductor.pipeline import RunSpec
 
 @task(name="rollout-shard", cache_policy=NONE, retries=1, retry_delay_seconds=5)
 def run_shard_task(questions: Sequence[Any], spec: RunSpec, shard_id: str, lake: str, conductor: str,
-                   cache_path: str | None = None) -> int:
+                   cache_path: str | None = None, limits: str | None = None) -> int:
     """Run one shard end to end and commit it; a committed shard is skipped (idempotent reruns)."""
     from dataclasses import replace
 
@@ -25,6 +25,6 @@ def run_shard_task(questions: Sequence[Any], spec: RunSpec, shard_id: str, lake:
         return 0
     live = shared_live(spec.pool, conductor)
     spec = replace(spec, pool=live.pool)
-    trajs = pipeline.run_shard(questions, spec, live.policy, live.executor(cache_path), shard=shard_id)
+    trajs = pipeline.run_shard(questions, spec, live.policy, live.executor(cache_path, limits=limits), shard=shard_id)
     write_shard(lake, trajs, shard_id)
     return len(trajs)

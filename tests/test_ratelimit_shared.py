@@ -229,3 +229,46 @@ def test_prefect_global_limits_hold_rpm_and_concurrency(emu: Emulator) -> None:
     assert all(not t.infra_failed for t in out), [t.infra_cause for t in out]
     assert emu.max_in_flight() <= 2 and emu.stats().get("openai:429", 0) == 0
     assert emu.stats()["openai:ok"] == 40
+
+
+def test_live_executor_uses_the_runs_store(tmp_path: Path) -> None:
+    from conductor.pool import load_pool
+    from conductor.runtime import Live
+
+    live = Live(pool=load_pool(ROOT / "data/pools/simulated.yaml"), manifest=load_pool(ROOT / "data/pools/simulated.yaml"),
+                policy=None, checkpoint_id="x")  # type: ignore[arg-type]
+    spec = f"sqlite:{tmp_path / 'limits.sqlite'}"
+    ex = live.executor(None, limits=spec)
+    assert ex.limiter.shared is not None and ex.limiter.shared.spec == spec
+    assert live.executor(None).limiter.shared is None
+
+
+@pytest.mark.slow
+def test_rollout_fanned_out_on_dask_shares_one_limit(emu: Emulator, tmp_path: Path) -> None:
+    """Two Dask worker processes run the rollout shards against one provider limit; the flow passes the
+    default store (limits.sqlite next to the cache) to both, and the provider sends no 429. (Slow: a Dask
+    LocalCluster and Prefect's temporary server; 5 min on the loaded 2-core box.)"""
+    from flows.rollout import on_dask, rollout_flow
+
+    emu.configure(rpm=300, rpm_burst_s=2.0, latency_s=0.05)     # 5/s, 10 requests of burst
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(textwrap.dedent(f"""
+        pool_id: emu
+        workers:
+          - name: w
+            provider: openai_compatible
+            model: emu-model
+            base_url: {emu.base_url}/v1
+            limits: {{requests_per_minute: 300, max_concurrency: 16, timeout_s: 30, max_retries: 0}}
+    """), encoding="utf-8")
+    qs = tmp_path / "q.jsonl"
+    qs.write_text("".join(json.dumps({"id": f"q{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
+                          for i in range(8)), encoding="utf-8")
+    emu.reset()
+    cache = tmp_path / "run" / "cache.sqlite"
+    summary = on_dask(rollout_flow, n_workers=2)(
+        questions=str(qs), lake=str(tmp_path / "lake"), pool=str(pool), conductor="fixed:0", run_id="dask-limits",
+        group_size=4, shard_size=1, cache=str(cache), max_tokens=64)
+    assert summary["trajectories"] == 32
+    assert emu.stats().get("openai:429", 0) == 0 and emu.stats()["openai:ok"] == 32
+    assert (tmp_path / "run" / "limits.sqlite").exists()

@@ -45,6 +45,10 @@ def answer_cmd(
     batch: bool = typer.Option(False, "--batch", help="Send the OpenAI, Anthropic and Gemini workers' calls through "
                                "their batch APIs: half price, answers within hours (docs/operations.md)."),
     batch_poll: float = typer.Option(60.0, "--batch-poll", min=0.01, help="Seconds between polls of a batch."),
+    limits: str = typer.Option(None, "--limits", help="Share provider limits with other processes: sqlite:PATH (one "
+                               "machine) or prefect (a Prefect server); default: this process alone."),
+    compact: bool = typer.Option(False, "--compact", help="Merge the run's shard files into a few large ones at the "
+                                 "end (conductor lake compact)."),
 ) -> None:
     """Answer a question set with the conductor over a worker pool; resumable; prints a summary.
 
@@ -59,6 +63,12 @@ def answer_cmd(
                        constrained=constrained, max_steps=max_steps)
     except UsageError as e:
         fail(str(e))
+    try:
+        from conductor.shared_limits import open_shared
+
+        open_shared(limits)
+    except ValueError as e:
+        fail(f"--limits: {e}")
     from conductor.cli.boundary import flow_errors
     from conductor.summary import format_summary, run_outcome
     from flows.answer import answer_flow
@@ -69,7 +79,7 @@ def answer_cmd(
                               temperature=temperature, max_tokens=max_tokens, run_id=run_id,
                               cache=str(cache) if cache else None, replay=replay, lake=lake, fewshot=fewshot,
                               constrained=constrained, max_steps=max_steps, retry_failed=retry_failed,
-                              batch=batch, batch_poll_s=batch_poll)
+                              batch=batch, batch_poll_s=batch_poll, limits=limits, compact=compact)
     typer.echo(format_summary(summary))
     typer.echo(f"answers: {summary['answers']}\nreport:  {summary['report']}\nlake:    {summary['lake']}")
     code, why = run_outcome(summary)

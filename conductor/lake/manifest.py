@@ -142,7 +142,7 @@ def compacted_files(loc: "LakeLocation", kind: str | None = None, run_id: str | 
     loc.fs.invalidate_cache(loc.path("trajectories"))
     pattern = loc.path("trajectories", f"kind={kind or '*'}", "date=*", f"run_id={run_id or '*'}",
                        f"{COMPACT_PREFIX}*.parquet")
-    return sorted(loc.fs.glob(pattern))
+    return sorted(loc.glob(pattern))
 
 
 def load_visibility(loc: "LakeLocation", kind: str | None = None, run_id: str | None = None,
