@@ -256,3 +256,33 @@ def test_a_batch_the_provider_no_longer_has_is_submitted_again(emu: Emulator, tm
     assert all(not t.infra_failed and t.final_answer for t in out)
     assert [len(b["custom_ids"]) for b in emu.batches()] == [3]
     assert [b["final_status"] for b in BatchStore(tmp_path / "batches.sqlite").batches()] == ["not_found", "ended"]
+
+
+def test_recursion_rounds_wait_for_every_thinking_conductor_and_share_a_wave(emu: Emulator, tmp_path: Path) -> None:
+    """A trajectory whose conductor is still writing its next round holds the wave back, so the next round of
+    every question goes out in one batch, not one batch per question."""
+    from conductor.policy.base import Generation
+
+    p = pool(emu)
+    root = lists([1, 1], ["Draft.", "Improve the draft."], [[], [0]])   # 2 calls: room for a 1-step round (< 2x)
+    ts = [make_traj(root, question=f"Question {i}", qid=f"q{i}") for i in range(3)]
+    delays = iter([0.05, 0.3, 0.6])
+
+    async def conductor(prompt: str) -> Generation:
+        await asyncio.sleep(next(delays))   # the conductors finish thinking at different times
+        return Generation(lists([1], ["Check the previous answer and answer again."], [["all"]]))
+
+    ex = BatchExecutor(store=BatchStore(tmp_path / "batches.sqlite"), settings=BatchSettings(poll_s=0.02),
+                       cache=ResponseCache(tmp_path / "cache.sqlite"), retry=FAST)
+    ex.expect(len(ts))
+
+    async def main() -> list[Trajectory]:
+        try:
+            return await execute_batch(ts, p.full(), ex, conductor=conductor, max_depth=1,
+                                       on_done=lambda t: ex.trajectory_done())
+        finally:
+            await ex.aclose()
+
+    out = asyncio.run(main())
+    assert all(t.recursion_depth == 1 and not t.infra_failed and t.final_answer for t in out)
+    assert [(b["route"], len(b["custom_ids"])) for b in emu.batches()] == [("anthropic", 3)] * 3

@@ -109,3 +109,7 @@ def test_kill_9_while_polling_then_resume_submits_nothing_twice(tmp_path: Path) 
     b_sum = json.loads((out / "summary.json").read_text())
     assert b_sum["infra_failures"] == 0 and b_sum["calls_per_question"] == s_sum["calls_per_question"]
     assert 0.3 * s_sum["dollars_per_question"] < b_sum["dollars_per_question"] < 0.75 * s_sum["dollars_per_question"]
+    for f in out.rglob("*"):                  # keys never reach the batch store, the cache, the lake or the report
+        if f.is_file():
+            data = f.read_bytes()
+            assert not any(k.encode() in data for k in KEYS.values()), f
