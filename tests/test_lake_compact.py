@@ -180,3 +180,22 @@ def test_answer_rerun_after_compaction_redoes_nothing(tmp_path: Path) -> None:
     s2 = answer_flow(**kw)
     assert _files(lake) + _files(lake, "calls") == compacted       # no shard was written again
     assert s2["trajectories"] == s1["trajectories"] == 7 and s2["accuracy"] == s1["accuracy"]
+
+
+def test_compaction_on_s3(tmp_path: Path) -> None:
+    """The same on a real S3 API (moto server on loopback): objects are PUT whole, so no temp names."""
+    from tests.s3_server import moto_s3
+
+    with moto_s3("lake-bucket", "AKIACOMPACTTEST", "compact-secret-value") as (_, _, fs):
+        root = "s3://lake-bucket/lake"
+        ts = list(synthetic_trajectories(40, run_id="r1", kind="answer", seed=3, prompt_chars=400,
+                                         completion_tokens=40, response_chars=100))
+        for i in range(8):
+            write_shard(root, ts[i * 5:(i + 1) * 5], f"{i:05d}")
+        rows = scan(root).collect().sort("trajectory_id")
+        rep = compact(root, run_id="r1")
+        assert rep.files_before == 16 and rep.files_after == 2
+        assert scan(root).collect().sort("trajectory_id").equals(rows)
+        assert [p.rsplit("/", 1)[1][:8] for p in fs.find("lake-bucket/lake")] == ["compact-", "compact-"]
+        assert all(shard_done(root, "answer", "r1", f"{i:05d}") for i in range(8))
+        assert compact(root, run_id="r1").written == 0

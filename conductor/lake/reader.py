@@ -5,7 +5,9 @@ name and skipped; a file whose column types contradict the current schema is
 refused with ``LakeSchemaError`` naming the file and the column; an older file
 that lacks newer columns (or newer struct fields) reads with those as nulls.
 Partition filters prune the file list from the paths before any footer is read,
-and polars pushes the remaining predicates and projections into the scan.
+and polars pushes the remaining predicates and projections into the scan. Files
+a committed compaction supersedes are hidden (``manifest.py``), and a listed file
+that vanished before it was opened (a compaction deleted it) makes the list redo.
 """
 
 from __future__ import annotations
