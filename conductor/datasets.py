@@ -356,6 +356,10 @@ def load_file(path: str | os.PathLike[str], *, dataset: str | None = None, domai
             text = row.get(qcol)
             if text is None or not str(text).strip():
                 raise DatasetError(f"{where}: missing or empty field {qcol!r}")
+            for col in (qcol, cols.id, cols.answer):   # a list or object would be stringified and graded
+                if col and isinstance(row.get(col), (list, dict, tuple)):
+                    raise DatasetError(f"{where}: field {col!r} must be text or a number, "
+                                       f"not a {type(row[col]).__name__}")
             qid_raw = row.get(cols.id) if cols.id else None
             # the user's own id when the file has one (answers go back under it), else a stable positional id
             qid = str(qid_raw) if qid_raw not in (None, "") else f"{dataset}/{split or 'all'}/{i}"

@@ -998,8 +998,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.config:
         with open(args.config, encoding="utf-8") as f:
             state.configure(json.load(f))
-    print(f"provider emulator on http://127.0.0.1:{args.port}", flush=True)
-    web.run_app(make_app(state), host="127.0.0.1", port=args.port, access_log=None, print=None, backlog=1024)
+    import socket
+    import sys
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)   # bound here, so a busy port is one line
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", args.port))
+    except OSError as e:
+        sock.close()
+        print(f"error: cannot listen on 127.0.0.1:{args.port}: {e.strerror or e} (pick another --port)", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(f"provider emulator on http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
+    web.run_app(make_app(state), sock=sock, access_log=None, print=None, backlog=1024)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,22 @@ def main() -> None:
     # temporary server needs longer than the default 20 s to come up. No analytics leave the machine.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-    app(prog_name="conductor")
+    from typer.exceptions import TyperException
+
+    try:   # usage mistakes (a missing argument, --shard-size 0, a typo'd option) are one line too, exit 2
+        code = app(prog_name="conductor", standalone_mode=False)
+    except typer.Abort:
+        typer.echo("error: aborted", err=True)
+        code = 130
+    except TyperException as e:   # typer's own click: UsageError, BadParameter, NoArgsIsHelpError, ...
+        if type(e).__name__ == "NoArgsIsHelpError":
+            e.show()  # type: ignore[attr-defined]
+        else:
+            ctx = getattr(e, "ctx", None)
+            hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+            typer.echo(f"error: {e.format_message()}{hint}", err=True)  # type: ignore[attr-defined]
+        code = getattr(e, "exit_code", 2)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,7 +2,8 @@
 
 Inputs are checked before Prefect starts (conductor/preflight.py), but a flow can still meet a mistake
 only it can see, or a failing endpoint. Exit codes (docs/operations.md): 2 bad input, 3 infrastructure,
-1 anything else, 130 interrupted. ``CONDUCTOR_DEBUG=1`` lets the traceback through.
+1 anything else, 130 interrupted. ``CONDUCTOR_DEBUG=1`` lets the traceback through. A watcher process
+(conductor/watchdog.py) stops the servers the flow started if the command is killed outright.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ class _OneLineConsole(logging.Filter):
     traceback still goes to Prefect's own log store, scrubbed of keys)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and record.exc_info[0] is not None and record.name.startswith("prefect"):
+        failed = (record.exc_info and record.exc_info[0] is not None) or record.exc_text
+        if failed and record.name.startswith("prefect"):
             record.exc_info, record.exc_text = None, None
         return True
 
@@ -38,7 +40,9 @@ def flow_errors() -> Iterator[None]:
     from conductor.policy.openai_backend import EndpointError
     from conductor.preflight import first_line
     from conductor.secrets import redact_prefect_logs
+    from conductor.watchdog import watch_children
 
+    watch_children()   # a `kill -9` of this command must not leave Prefect's server (or model servers) running
     debug = os.environ.get("CONDUCTOR_DEBUG") == "1"
     redact_prefect_logs()
     quiet = _OneLineConsole()

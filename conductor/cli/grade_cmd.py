@@ -60,14 +60,17 @@ def grade_cmd(
     timeout: float = typer.Option(10.0, help="wall-clock seconds per sandboxed code run"),
 ) -> None:
     """Grade model responses; print one {"correct", "extracted", "error"} JSON line per input line."""
+    import math
     import os
     from concurrent.futures import ThreadPoolExecutor
 
     from conductor.grading.code import CodeGrader
     from conductor.sandbox import Limits
 
-    if timeout <= 0:
-        fail(f"--timeout must be > 0, got {timeout}")
+    if workers < 0:
+        fail(f"--workers must be 0 (one per core) or more, got {workers}")
+    if not math.isfinite(timeout) or timeout <= 0:
+        fail(f"--timeout must be a finite number of seconds > 0, got {timeout}")
     code_grader = CodeGrader(limits=Limits(wall_s=timeout))
 
     if file == "-":

@@ -10,12 +10,19 @@ import typer
 from conductor.cli import app, fail
 
 
-def _check_pool(pool: Path) -> None:
-    from conductor.pool import PoolError, load_pool
+def _check(pool: Path, conductors: dict[str, str] | None = None, run_id: str | None = None,
+           k: int | None = None) -> None:
+    """The checks `conductor answer` makes, before Prefect starts: one `error:` line, exit 2."""
+    from conductor.preflight import UsageError, check_conductor, check_k, check_pool, check_run_id
 
     try:
-        load_pool(pool)
-    except PoolError as e:
+        if run_id is not None:
+            check_run_id(run_id)
+        manifest = check_pool(pool)
+        for flag, spec in (conductors or {}).items():
+            check_k(k, manifest, spec)
+            check_conductor(spec, manifest, max_steps=5, flag=flag)
+    except UsageError as e:
         fail(str(e))
 
 
@@ -36,14 +43,17 @@ def rollout_cmd(
     dask: str = typer.Option(None, "--dask", help="Run shards on a Dask cluster: its address, or 'local:N' for N local workers."),
 ) -> None:
     """Sample GRPO groups with the conductor, execute, score, and write them to the lake."""
+    from conductor.cli.boundary import flow_errors
     from flows.rollout import on_dask, rollout_flow
 
-    _check_pool(pool)
+    _check(pool, {"--conductor": conductor}, run_id, k)
     fn = rollout_flow
     if dask:
         fn = on_dask(rollout_flow, n_workers=int(dask.split(":", 1)[1])) if dask.startswith("local:") else on_dask(rollout_flow, dask)
-    out = fn(questions=questions, lake=lake, pool=str(pool), conductor=conductor, run_id=run_id, group_size=group_size,
-             k=k, seed=seed, temperature=temperature, max_tokens=max_tokens, limit=limit, shard_size=shard_size)
+    with flow_errors():
+        out = fn(questions=questions, lake=lake, pool=str(pool), conductor=conductor, run_id=run_id,
+                 group_size=group_size, k=k, seed=seed, temperature=temperature, max_tokens=max_tokens, limit=limit,
+                 shard_size=shard_size)
     typer.echo(json.dumps(out, indent=2, default=str))
 
 
@@ -61,13 +71,15 @@ def evaluate_cmd(
     heldout: str = typer.Option(None, "--heldout-workers", help="Comma-separated workers forming a held-out sub-pool."),
 ) -> None:
     """Candidate vs champion on the same questions, pool and seeds; paired statistics per domain."""
+    from conductor.cli.boundary import flow_errors
     from conductor.evaluation import EvalReport
     from flows.evaluate import evaluate_flow
 
-    _check_pool(pool)
-    res = evaluate_flow(candidate=candidate, champion=champion, questions=questions, pool=str(pool), lake=lake,
-                        out=str(out), samples=samples, seed=seed, limit=limit,
-                        heldout_workers=heldout.split(",") if heldout else None)
+    _check(pool, {"--candidate": candidate, "--champion": champion})
+    with flow_errors():
+        res = evaluate_flow(candidate=candidate, champion=champion, questions=questions, pool=str(pool), lake=lake,
+                            out=str(out), samples=samples, seed=seed, limit=limit,
+                            heldout_workers=heldout.split(",") if heldout else None)
     for name, rep in res["reports"].items():
         typer.echo(f"== {name} pool ==\n{EvalReport.from_json(rep).render()}")
 
@@ -98,9 +110,10 @@ def nightly_cmd(
     """Retrain when the pool changed: rollouts -> GRPO x N, evaluate, promote if significantly better, report."""
     from conductor.datasets import DatasetError
     from conductor.questionset import check_disjoint, load_questions
+    from conductor.cli.boundary import flow_errors
     from flows.nightly import nightly_flow
 
-    _check_pool(pool)
+    _check(pool)
     try:
         check_disjoint(load_questions(train_questions), load_questions(eval_questions))
     except (DatasetError, ValueError, OSError) as e:
@@ -109,9 +122,11 @@ def nightly_cmd(
         overrides = json.loads(grpo) if grpo else None
     except json.JSONDecodeError as e:
         fail(f"--grpo: not JSON: {e.msg} at column {e.colno}")
-    res = nightly_flow(pool=str(pool), train_questions=train_questions, eval_questions=eval_questions,
-                       work_dir=str(work_dir), base=base, registry=registry, night=night, iterations=iterations,
-                       questions_per_iteration=questions_per_iteration, group_size=group_size, eval_samples=eval_samples,
-                       eval_limit=eval_limit, max_tokens=max_tokens, grpo=overrides, force=force, max_calls=max_calls,
-                       max_dollars=max_dollars, max_hours=max_hours, backend=backend, lake=lake)
+    with flow_errors():
+        res = nightly_flow(pool=str(pool), train_questions=train_questions, eval_questions=eval_questions,
+                           work_dir=str(work_dir), base=base, registry=registry, night=night, iterations=iterations,
+                           questions_per_iteration=questions_per_iteration, group_size=group_size,
+                           eval_samples=eval_samples, eval_limit=eval_limit, max_tokens=max_tokens, grpo=overrides,
+                           force=force, max_calls=max_calls, max_dollars=max_dollars, max_hours=max_hours,
+                           backend=backend, lake=lake)
     typer.echo(json.dumps({k: res.get(k) for k in ("night", "status", "why", "stopped", "decision", "report")}, indent=2, default=str))

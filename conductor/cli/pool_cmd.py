@@ -14,11 +14,11 @@ app.add_typer(pool_app, name="pool")
 
 
 def _load(file: Path):
-    from conductor.pool import PoolError, load_pool
+    from conductor.preflight import UsageError, check_pool
 
     try:
-        return load_pool(file)
-    except PoolError as e:
+        return check_pool(file)   # the manifest, and each provider's own options (simulated skills, ...)
+    except UsageError as e:
         fail(str(e))
 
 

@@ -28,8 +28,13 @@ def _open(lake: str):
     logging.basicConfig(level=logging.WARNING, format="warning: %(message)s", stream=sys.stderr)
     try:
         lk = open_lake(lake)
-        if lk.location.is_local and not lk.location.fs.exists(lk.location.root):
+        loc = lk.location
+        if loc.is_local and not loc.fs.exists(loc.root):
             fail(f"lake {lake}: no such directory")
+        if loc.is_local and not loc.fs.isdir(loc.root):
+            fail(f"lake {lake}: not a directory")
+        if loc.is_local and not any(loc.fs.isdir(loc.path(t)) for t in ("trajectories", "calls")):
+            fail(f"lake {lake}: not a lake (it has no trajectories/ or calls/ directory)")
         return lk
     except (OSError, ValueError) as e:
         fail(f"lake {lake}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
@@ -77,9 +82,16 @@ def report(lake: str = _LAKE,
            run: Optional[str] = typer.Option(None, "--run", help="Only this run_id."),
            kind: Optional[str] = typer.Option(None, "--kind", help="Only rollout, eval or answer rows.")) -> None:
     """Render the standard tables and plots (accuracy vs cost, workflow length, worker usage, failures)."""
+    from pathlib import Path
+
     from conductor.lake.report import render_report
     from conductor.lake.schema import LakeSchemaError
+    from conductor.preflight import UsageError, check_writable_dir
 
+    try:
+        check_writable_dir(Path(out), "--out")
+    except UsageError as e:
+        fail(str(e))
     lk = _open(lake)
     try:
         rep = render_report(lk, out, run_id=run, kind=kind)

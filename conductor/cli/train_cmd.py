@@ -18,12 +18,25 @@ app.add_typer(registry_app, name="registry")
 REGISTRY_HELP = "Registry root (local dir or s3://...) or mlflow+<tracking-uri>#<model>; default $CONDUCTOR_REGISTRY."
 
 
-def _registry(root: str | None):
+def _registry(root: str | None, create: bool = False):
+    """The registry at ``root``; only ``register`` may create one (a typo must not become an empty registry)."""
     from conductor.registry import Registry, RegistryError
 
     root = root or os.environ.get("CONDUCTOR_REGISTRY")
     if not root:
         fail("--registry not given and $CONDUCTOR_REGISTRY not set")
+    if not root.startswith("mlflow+"):
+        import fsspec
+
+        try:
+            fs, path = fsspec.core.url_to_fs(root)
+            exists, is_file = fs.exists(path), fs.isfile(path)
+        except (OSError, ValueError, ImportError) as e:
+            fail(f"registry {root}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        if is_file:
+            fail(f"registry {root}: is a file; a registry is a directory (holding registry.json)")
+        if not exists and not create:
+            fail(f"registry {root}: no such registry (`conductor registry register` creates one)")
     try:
         return Registry.open(root)
     except (RegistryError, ImportError) as e:
@@ -101,7 +114,7 @@ def train_step(
     if not distributed.world().is_main:
         return
     if register:
-        _registry(register).register(path, checkpoint_id=checkpoint_id)
+        _registry(register, create=True).register(path, checkpoint_id=checkpoint_id)
     typer.echo(json.dumps({"checkpoint": path, "metrics": metrics}, indent=2, default=str))
 
 
@@ -174,7 +187,7 @@ def registry_register(
     from conductor.registry import RegistryError
 
     try:
-        e = _registry(registry).register(uri, checkpoint_id=checkpoint_id)
+        e = _registry(registry, create=True).register(uri, checkpoint_id=checkpoint_id)
     except RegistryError as err:
         fail(str(err))
     typer.echo(f"registered {e.checkpoint_id} {e.uri}")

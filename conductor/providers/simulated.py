@@ -35,7 +35,7 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Annotated, Any, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -68,7 +68,8 @@ class SimulatedOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    skills: dict[str, float] = Field(default_factory=dict)   # P(correct) per domain or dataset; key "default"
+    skills: dict[str, Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]] = Field(default_factory=dict)
+    # ^ P(correct) per domain or dataset; key "default"
     helped_by_context: float = Field(0.0, ge=-1, le=1)       # added to P(correct) if a correct answer is visible
     seed: int = 0
     latency_s: float = Field(0.0, ge=0)                      # fixed simulated latency per call

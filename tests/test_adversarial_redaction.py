@@ -1,0 +1,77 @@
+"""Issue #17, item 5: a key sent to the conductor's endpoint never reaches the terminal or Prefect's database.
+
+The conductor is the OpenAI SDK against the loopback emulator, which answers a wrong key with a 401 whose
+body echoes the key (as real APIs partly do). The key does not look like a key (no ``sk-`` shape), so
+only value-based redaction can catch it. Before the fix the 401 was printed unredacted on stderr and
+stored in Prefect's database, and the run failed with a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conductor.emulator import Emulator, EmulatorConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+SIM_POOL = str(ROOT / "data/pools/simulated.yaml")
+SECRET = "adv-secret-Zq81xK4mP0wq"
+
+
+def test_conductor_endpoint_401_echoing_the_key_is_redacted_everywhere(tmp_path):
+    emu = Emulator(EmulatorConfig(api_key="the-right-key-123456")).start()
+    try:
+        q = tmp_path / "q.jsonl"
+        q.write_text('{"id": "a", "question": "What is 1+1?", "answer": "2"}\n', encoding="utf-8")
+        home = tmp_path / "prefect-home"
+        env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+               "PREFECT_LOGGING_LEVEL": "INFO", "CONDUCTOR_ADV_CONDUCTOR_KEY": SECRET}
+        env.pop("PREFECT_API_URL", None)
+        spec = f"openai:conductor-model@{emu.base_url}/v1#CONDUCTOR_ADV_CONDUCTOR_KEY"
+        r = subprocess.run([sys.executable, "-m", "conductor", "answer", str(q), "--out", str(tmp_path / "out"),
+                            "--pool", SIM_POOL, "--conductor", spec],
+                           capture_output=True, text=True, cwd=ROOT, timeout=600, env=env)
+        assert emu.stats().get("openai:401", 0) >= 1          # the endpoint did refuse the key
+    finally:
+        emu.stop()
+    assert SECRET not in r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.returncode == 3, r.stderr[-3000:]
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "401" in errors[0] and "[REDACTED]" in errors[0]
+
+    stored = b"".join(p.read_bytes() for p in home.rglob("*") if p.is_file() and ".db" in p.name)
+    assert stored, "Prefect stored nothing"
+    assert b"REDACTED" in stored            # the failure was logged to the database ...
+    assert SECRET.encode() not in stored    # ... without the key
+    for p in (tmp_path / "out").rglob("*"):
+        if p.is_file():
+            assert SECRET.encode() not in p.read_bytes(), p
+
+
+def test_redacting_filter_scrubs_tracebacks_on_every_prefect_handler(monkeypatch):
+    from conductor.secrets import get_key, redact_prefect_logs
+
+    monkeypatch.setenv("CONDUCTOR_ADV_FILTER_KEY", SECRET)
+    get_key("CONDUCTOR_ADV_FILTER_KEY")
+    seen: list[str] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(logging.Formatter().format(record))
+
+    handler = Capture()
+    logger = logging.getLogger("prefect.task_runs")
+    logger.addHandler(handler)
+    try:
+        redact_prefect_logs()
+        try:
+            raise RuntimeError(f"401 body: Incorrect API key provided: {SECRET}")
+        except RuntimeError:
+            logging.getLogger("prefect.task_runs.child").exception("task failed with %s", SECRET)
+    finally:
+        logger.removeHandler(handler)
+    assert seen and all(SECRET not in s for s in seen) and "[REDACTED]" in seen[0]
