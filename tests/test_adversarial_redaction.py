@@ -75,3 +75,14 @@ def test_redacting_filter_scrubs_tracebacks_on_every_prefect_handler(monkeypatch
     finally:
         logger.removeHandler(handler)
     assert seen and all(SECRET not in s for s in seen) and "[REDACTED]" in seen[0]
+
+
+def test_a_key_pasted_into_the_conductor_spec_is_refused_without_echoing_it(tmp_path):
+    q = tmp_path / "q.jsonl"
+    q.write_text('{"id": "a", "question": "What is 1+1?", "answer": "2"}\n', encoding="utf-8")
+    r = subprocess.run([sys.executable, "-m", "conductor", "answer", str(q), "--out", str(tmp_path / "out"),
+                        "--pool", SIM_POOL, "--conductor", f"openai:m@http://127.0.0.1:9/v1#{SECRET}"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300,
+                       env={**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
+    assert r.returncode == 2 and SECRET not in r.stdout + r.stderr
+    assert r.stderr.startswith("error: --conductor:") and "NAME of the environment variable" in r.stderr

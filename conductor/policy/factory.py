@@ -65,6 +65,10 @@ def parse_spec(spec: str) -> PolicySpec:
         raise PolicySpecError(f"conductor spec {spec!r}: {backend} needs a target after ':'")
     if backend == "openai":
         body, _, key_env = rest.partition("#")
+        if key_env and not (key_env.replace("_", "").isalnum() and not key_env[0].isdigit() and key_env.isascii()):
+            # never echo what follows '#': a key pasted there must not reach a terminal or a log
+            raise PolicySpecError(f"conductor spec 'openai:{body}#...': after '#' give the NAME of the environment "
+                                  "variable that holds the key (e.g. OPENAI_API_KEY), not the key")
         model, _, url = body.partition("@")
         if not model:
             raise PolicySpecError(f"conductor spec {spec!r}: missing model name before '@'")
