@@ -36,8 +36,9 @@ def workflow_grammar(n_workers: int, max_steps: int = 5, plan_chars: int = 240, 
     ``plan_chars=0``: no plan line, the completion starts with ``model_id``. A plan may not start with "m": an
     untrained 1.5B otherwise writes ``model_id = [...]`` as its plan and a second, unrelated workflow after it. ``subtasks``: every subtask is
     one of these strings (no ``"``, backslash or newline in them: they are written as Python string literals).
-    ``tools``: ordinals of non-LLM workers (the python tool); step 0 sees nothing earlier, so a tool there
-    would have nothing to run: they are kept out of the first step.
+    ``tools``: ordinals of non-LLM workers (the python tool). They are kept out of the first step (it sees
+    nothing earlier, so a tool there has nothing to run) and out of the last (its response is the answer, in
+    the format the question asks for, which a program's printout is not).
 
     >>> g = workflow_grammar(3, 2)
     >>> 'id ::= "0" | "1" | "2"' in g and "wf2 ::=" in g and "wf3" not in g
@@ -58,8 +59,9 @@ def workflow_grammar(n_workers: int, max_steps: int = 5, plan_chars: int = 240, 
              [f"root ::= {wfs}"])
     rules.append(f"id ::= {ids}")
     firsts = [i for i in range(n_workers) if i not in tools]
-    if tools and firsts and n_workers <= 10:
-        rules.append("first ::= " + " | ".join(f'"{i}"' for i in firsts))
+    tool_rule = bool(tools and firsts and n_workers <= 10)
+    if tool_rule:
+        rules.append("lm ::= " + " | ".join(f'"{i}"' for i in firsts))
     if subtasks is not None:
         if not subtasks or any(not s or any(c in s for c in '"\\\n') for s in subtasks):
             raise ValueError("workflow_grammar: subtasks must be non-empty strings without '\"', '\\\\' or newlines")
@@ -68,7 +70,7 @@ def workflow_grammar(n_workers: int, max_steps: int = 5, plan_chars: int = 240, 
         rules.append(f"st ::= \"\\\"\" [^\"\\\\\\n]{{1,{subtask_chars}}} \"\\\"\"")
     rules.append('acc ::= "[]" | "[\\"all\\"]"')
     for n in range(min_steps, max_steps + 1):
-        ids_n = ' ", " '.join([("first" if tools and firsts and n_workers <= 10 else "id")] + ["id"] * (n - 1))
+        ids_n = ' ", " '.join(["lm" if tool_rule and (j == 0 or j == n - 1) else "id" for j in range(n)])
         sts_n = ' ", " '.join(["st"] * n)
         accs_n = ' ", " '.join(['"[]"'] + ["acc"] * (n - 1))
         rules.append(f'wf{n} ::= "model_id = [" {ids_n} "]\\nsubtasks = [" {sts_n} "]\\naccess_list = [" {accs_n} "]"')

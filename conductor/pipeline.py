@@ -104,7 +104,9 @@ def generate(trajectories: list[Trajectory], policy: "PolicyBackend", spec: RunS
         from conductor.grammar import workflow_grammar
 
         sub = spec.subpool_for(groups[prompts[0]][0].question_id)
-        params = replace(params, grammar=workflow_grammar(len(sub), spec.max_steps, tools=sub.tool_ordinals))
+        plan = 0 if spec.fewshot.startswith("informed") else 240   # the informed examples have no plan line
+        params = replace(params, grammar=workflow_grammar(len(sub), spec.max_steps, plan_chars=plan,
+                                                          tools=sub.tool_ordinals))
     outputs = policy.generate(prompts, n, params)
     for prompt, gens in zip(prompts, outputs):
         for t, g in zip(groups[prompt], gens):

@@ -76,7 +76,7 @@ subtask you write for it, and an access list: [] shows the model only the questi
 so the last subtask must produce the answer in the format the question asks for. Use at most {max_steps} \
 steps and as few as do the job well.
 
-Reply with one short line of plan, then exactly three lists of equal length:
+Reply with exactly three lists of equal length and nothing else:
 model_id = [...]
 subtasks = [...]
 access_list = [...]

@@ -35,8 +35,9 @@ def test_informed_examples_use_the_real_ordinals_of_their_roles():
     text = conductor_prompt("What is 6 * 7?", sub, fewshot="informed")
     block = _examples_block(text)
     assert "{reasoner}" not in block and "{python}" not in block
-    assert f"model_id = [{roles['reasoner']}, {roles['python']}]" in block
+    assert f"model_id = [{roles['reasoner']}, {roles['python']}, {roles['reasoner']}]" in block
     for reply in block.split("Reply:\n")[1:]:   # every instantiated example is a valid workflow for this pool
+        assert reply.startswith("model_id = [")   # no plan line: the grammar of the informed mode has none
         wf = parse_workflow(reply.split("</example>")[0], n_workers=len(sub))
         assert isinstance(wf, Workflow), reply
     assert "Model 3: Not a language model" in text           # notes are shown
@@ -70,10 +71,11 @@ def test_auto_fewshot_is_informed_only_for_the_untrained_embedded_conductor():
     assert resolve_fewshot("in_domain", "embedded:x") == "in_domain"
 
 
-def test_grammar_keeps_tool_workers_out_of_the_first_step():
+def test_grammar_keeps_tool_workers_out_of_the_first_and_last_steps():
     g = workflow_grammar(4, 3, tools=(3,))
-    assert 'first ::= "0" | "1" | "2"' in g and 'id ::= "0" | "1" | "2" | "3"' in g
-    assert "first" not in workflow_grammar(1, 2, tools=(0,))   # a pool of only tools stays usable
+    assert 'lm ::= "0" | "1" | "2"' in g and 'id ::= "0" | "1" | "2" | "3"' in g
+    assert 'wf1 ::= "model_id = [" lm "]' in g and 'wf3 ::= "model_id = [" lm ", " id ", " lm "]' in g
+    assert "lm" not in workflow_grammar(1, 2, tools=(0,))   # a pool of only tools stays usable
     assert LOCAL.full().tool_ordinals == (3,)
 
 
@@ -158,3 +160,26 @@ workers:
         replay = asyncio.run(one(Executor(cache=ResponseCache(cache))))   # a cache hit ...
         assert replay.cache_hit and replay.response == rec.response
         assert server.process.poll() is not None                                     # ... starts nothing
+
+
+@needs_llama
+def test_informed_examples_are_sentences_of_the_informed_grammar():
+    """What the examples show is exactly what the grammar lets the conductor write (no plan, tools inside)."""
+    import llama_cpp
+
+    from conductor.embedded import EmbeddedError, model_path
+
+    try:
+        path = model_path(SMOL)
+    except EmbeddedError as e:
+        pytest.skip(str(e))
+    sub = LOCAL.full()
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=2048, verbose=False)
+    grammar = llama_cpp.LlamaGrammar.from_string(
+        workflow_grammar(len(sub), 3, plan_chars=0, subtask_chars=120, tools=sub.tool_ordinals), verbose=False)
+    prompt = conductor_prompt("What is 6 * 7?", sub, fewshot="informed", max_steps=3)
+    out = llm.create_chat_completion([{"role": "user", "content": prompt}], grammar=grammar, temperature=0,
+                                     max_tokens=400)["choices"][0]["message"]["content"]
+    wf = parse_workflow(out, n_workers=len(sub))
+    assert isinstance(wf, Workflow), out
+    assert wf.steps[0].worker not in sub.tool_ordinals and wf.steps[-1].worker not in sub.tool_ordinals
