@@ -56,6 +56,15 @@ def test_degenerate_replies_are_extracted_in_linear_time(name, build, call, want
     assert out == want, name
 
 
+def test_a_100000_digit_answer_is_read_in_linear_time():
+    out = _under_cpu_budget("""
+        from conductor.grading import get_grader
+        g = get_grader("numeric")
+        print(g.grade("7", "<answer>" + "9" * 100_000 + "!?</answer>").correct, g.grade("9" * 100_000, "9" * 100_000).correct)
+    """)
+    assert out == "False True"
+
+
 def test_extraction_reads_only_the_tail_of_a_huge_reply():
     reply = "<answer>1</answer>" + "x" * (MAX_CHARS + 10) + "<answer>2</answer>"
     assert extract(reply) == "2"

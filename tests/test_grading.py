@@ -276,3 +276,18 @@ def test_stdin_stdout_items_still_accept_an_exit_after_the_right_output(code_gra
     q = {"tests": [{"input": "2\n", "output": "3\n"}]}
     assert code_grader.grade(q, "```python\nimport sys\nprint(int(input()) + 1)\nsys.exit(0)\n```").correct
     assert not code_grader.grade(q, "```python\nimport sys\nsys.exit(0)\nprint(int(input()) + 1)\n```").correct
+
+
+@given(st.integers(min_value=-10 ** 6000, max_value=10 ** 6000), st.integers(min_value=-400, max_value=400),
+       st.sampled_from(["{m}e{e}", "{m}E{e}", "{m} \\times 10^{{{e}}}"]))
+def test_to_exact_reads_any_integer_and_scientific_form_exactly(n, e, form):
+    from fractions import Fraction
+
+    from conductor.grading.base import gold_text
+    from conductor.grading.numeric import numbers_equal, to_exact
+
+    digits = gold_text(n)
+    assert to_exact(digits) == n
+    assert numbers_equal(to_exact(digits), n) and not numbers_equal(to_exact(digits), n + 1)
+    m = n % 10 ** 12
+    assert to_exact(form.format(m=m, e=e)) == m * Fraction(10) ** e

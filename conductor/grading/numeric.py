@@ -20,7 +20,8 @@ _TEXT_RE = re.compile(r"\\(?:text|textbf|mathrm|mbox|textrm)\s*\{([^{}]*)\}")
 _FRAC_RE = re.compile(r"^(-?)\\[dt]?frac\s*\{\s*(-?[\d.]+)\s*\}\s*\{\s*(-?[\d.]+)\s*\}$")
 _FRAC_SHORT_RE = re.compile(r"^(-?)\\[dt]?frac(\d)(\d)$")
 _THOUSANDS_RE = re.compile(r"(?<!\d)(\d{1,3}(?:,\d{3})+)(?![\d,])")
-_NUM = r"-?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
+# unambiguous (not \d+\.?\d*): a regex that fails after it must not retry every split of a long numeral
+_NUM = r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 _NUM_THEN_WORDS = re.compile(rf"^({_NUM}(?:/\d+)?)\s*(?:[a-zA-Z°](?:[a-zA-Z°. /-]|\^\d)*)?$")
 _NUM_ONLY = re.compile(rf"^({_NUM}(?:/\d+)?)$")
 _SCI_RE = re.compile(rf"^({_NUM})\s*(?:\\times|\\cdot|×|\*)\s*10\s*\^\s*\{{?\s*([+-]?\d+)\s*\}}?$")
