@@ -183,6 +183,7 @@ def _eval_rows(df: pl.DataFrame) -> list["EvalRow"]:
 
 
 def strategy_row(label: str, df: pl.DataFrame) -> StrategyRow:
+    """One strategy's line of the table from its (non-empty) run frame."""
     from conductor.evaluation import question_mean_se
 
     datasets: dict[str, DatasetScore] = {}
@@ -192,11 +193,11 @@ def strategy_row(label: str, df: pl.DataFrame) -> StrategyRow:
     scored = [d for d in datasets.values() if not math.isnan(d.accuracy)]
     avg = sum(d.accuracy for d in scored) / len(scored) if scored else float("nan")
     avg_se = math.sqrt(sum(d.se ** 2 for d in scored)) / len(scored) if scored else float("nan")
-    nq = max(df.select((pl.col("dataset") + "\x1f" + pl.col("question_id")).n_unique()).item(), 1) if df.height else 1
-    first = df.row(0, named=True) if df.height else {"run_id": "", "checkpoint_id": ""}
+    nq = sum(d.n_questions for d in datasets.values())
+    first = df.row(0, named=True)
     return StrategyRow(
         label=label, run_id=str(first["run_id"]), checkpoint_id=str(first["checkpoint_id"] or ""),
-        n_questions=nq if df.height else 0, datasets=datasets, average=avg, average_se=avg_se,
+        n_questions=nq, datasets=datasets, average=avg, average_se=avg_se,
         calls=float(df["n_calls"].sum()) / nq, tokens=float(df["tokens"].sum()) / nq,
         dollars=float(df["cost_usd"].sum()) / nq, seconds=float(df["wall_s"].sum()) / nq,
         parse_failures=int((df["parse_status"] != "ok").sum()), infra_failures=int(df["infra_failed"].sum()))
