@@ -134,12 +134,43 @@ def test_emulator_on_a_busy_port_is_one_line(tmp_path):
     assert r.returncode == 2 and r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
 
 
-def test_an_error_raised_inside_a_flow_is_one_line(tmp_path):
-    """The rollout flow loads its questions itself: a missing file surfaces as one line, not a traceback."""
+def test_a_missing_rollout_question_file_is_one_line_before_prefect_starts(tmp_path):
     r = cli("rollout", str(tmp_path / "missing.jsonl"), "--lake", str(tmp_path / "lake"), "--pool", SIM_POOL,
             "--conductor", "fixed:0", "--run-id", "r1", "--group-size", "1")
-    assert r.returncode == 2, r.stderr[-2000:]
-    assert "Traceback" not in r.stderr + r.stdout and "missing.jsonl: no such file" in error_line(r)
+    assert_one_line_usage_error(r, "missing.jsonl: no such file")
+
+
+FLOW_SCRIPT = """
+import typer
+from prefect import flow
+from conductor.cli.boundary import flow_errors
+from conductor.pool import PoolError
+
+@flow
+def broken():
+    raise PoolError("pool.yaml:3: workers.0.model: Field required")
+
+app = typer.Typer()
+
+@app.command()
+def main():
+    with flow_errors():
+        broken()
+
+app()
+"""
+
+
+def test_an_error_raised_inside_a_flow_is_one_line(tmp_path):
+    """A project error raised inside a real Prefect flow reaches the terminal as one line, exit 2."""
+    script = tmp_path / "run_flow.py"
+    script.write_text(FLOW_SCRIPT, encoding="utf-8")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                       env={**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "INFO"})
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr + r.stdout
+    assert error_line(r) == "error: pool.yaml:3: workers.0.model: Field required"
+    assert "Encountered exception during execution" in r.stderr   # Prefect did run it as a failing flow
 
 
 def test_a_run_whose_every_call_failed_exits_3_with_the_cause(tmp_path, qfile):

@@ -11,13 +11,15 @@ from conductor.cli import app, fail
 
 
 def _check(pool: Path, conductors: dict[str, str] | None = None, run_id: str | None = None,
-           k: int | None = None) -> None:
+           k: int | None = None, questions: str | None = None, limit: int | None = None) -> None:
     """The checks `conductor answer` makes, before Prefect starts: one `error:` line, exit 2."""
-    from conductor.preflight import UsageError, check_conductor, check_k, check_pool, check_run_id
+    from conductor.preflight import UsageError, check_conductor, check_k, check_pool, check_questions, check_run_id
 
     try:
         if run_id is not None:
             check_run_id(run_id)
+        if questions is not None:
+            check_questions(questions, limit)
         manifest = check_pool(pool)
         for flag, spec in (conductors or {}).items():
             check_k(k, manifest, spec)
@@ -46,7 +48,7 @@ def rollout_cmd(
     from conductor.cli.boundary import flow_errors
     from flows.rollout import on_dask, rollout_flow
 
-    _check(pool, {"--conductor": conductor}, run_id, k)
+    _check(pool, {"--conductor": conductor}, run_id, k, questions, limit)
     fn = rollout_flow
     if dask:
         fn = on_dask(rollout_flow, n_workers=int(dask.split(":", 1)[1])) if dask.startswith("local:") else on_dask(rollout_flow, dask)
@@ -75,7 +77,7 @@ def evaluate_cmd(
     from conductor.evaluation import EvalReport
     from flows.evaluate import evaluate_flow
 
-    _check(pool, {"--candidate": candidate, "--champion": champion})
+    _check(pool, {"--candidate": candidate, "--champion": champion}, questions=questions, limit=limit)
     with flow_errors():
         res = evaluate_flow(candidate=candidate, champion=champion, questions=questions, pool=str(pool), lake=lake,
                             out=str(out), samples=samples, seed=seed, limit=limit,
