@@ -54,8 +54,10 @@ def rollout_flow(questions: str, lake: str, pool: str, conductor: str, run_id: s
     from conductor.questions import sharded
     from conductor.questionset import load_questions
     from conductor.runtime import checkpoint_of
+    from conductor.secrets import redact_prefect_logs
     from conductor.summary import run_summary
 
+    redact_prefect_logs()   # keys never reach Prefect's console or its log store
     log = get_run_logger()
     qs = load_questions(questions)
     if offset or limit is not None:  # a window over the set, wrapping around (iteration i of a training mix)
