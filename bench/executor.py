@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -294,6 +295,7 @@ def main_processes(args: argparse.Namespace) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+        shutil.rmtree(work, ignore_errors=True)     # barrier files (and the default limits file)
     extra = f" local_ratio={lratio:.3f} local_429={linfo['emulator_429']}" if args.compare_local else ""
     print(f"ratio_to_limit={ratio:.3f} leaked_429={info['emulator_429']} processes={args.processes} "
           f"limits={info['limits']}{extra}")
