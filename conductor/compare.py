@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 CONDUCTOR = "conductor"
 _COLUMNS = ("question_id", "dataset", "domain", "sample_index", "correct", "reward", "infra_failed", "parse_status",
-            "n_calls", "tokens", "cost_usd", "wall_s", "checkpoint_id", "run_id")
+            "n_calls", "tokens", "cost_usd", "wall_s", "conductor_s", "checkpoint_id", "run_id")
 
 
 class CompareError(ValueError):
@@ -199,7 +199,8 @@ def strategy_row(label: str, df: pl.DataFrame) -> StrategyRow:
         label=label, run_id=str(first["run_id"]), checkpoint_id=str(first["checkpoint_id"] or ""),
         n_questions=nq, datasets=datasets, average=avg, average_se=avg_se,
         calls=float(df["n_calls"].sum()) / nq, tokens=float(df["tokens"].sum()) / nq,
-        dollars=float(df["cost_usd"].sum()) / nq, seconds=float(df["wall_s"].sum()) / nq,
+        dollars=float(df["cost_usd"].sum()) / nq,
+        seconds=float(df["wall_s"].sum() + df["conductor_s"].fill_null(0).sum()) / nq,   # conductor + workflow
         parse_failures=int((df["parse_status"] != "ok").sum()), infra_failures=int(df["infra_failed"].sum()))
 
 
@@ -252,7 +253,7 @@ def write_outputs(comparison: Comparison, out_dir: str | Path, title: str = "Str
     axis = comparison.cost_axis
     points = [(r.label, r.dollars if axis == "dollars" else r.seconds, r.average, r.n_questions)
               for r in comparison.rows if not math.isnan(r.average)]
-    xlabel = "dollars per question" if axis == "dollars" else "seconds per question (workflow wall clock; all free)"
+    xlabel = "dollars per question" if axis == "dollars" else "seconds per question (conductor + workflow; all free)"
     png = plot_cost_points(points, out / "compare.png", xlabel=xlabel, title=f"{title}: accuracy vs {axis}")
     md = atomic_write_text(out / "compare.md", f"# {title}\n\n{comparison.render(markdown=True)}\n\n"
                                                f"![accuracy vs {axis}](compare.png)\n")

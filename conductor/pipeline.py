@@ -107,10 +107,13 @@ def generate(trajectories: list[Trajectory], policy: "PolicyBackend", spec: RunS
         plan = 0 if spec.fewshot.startswith("informed") else 240   # the informed examples have no plan line
         params = replace(params, grammar=workflow_grammar(len(sub), spec.max_steps, plan_chars=plan,
                                                           tools=sub.tool_ordinals))
+    start = time.perf_counter()
     outputs = policy.generate(prompts, n, params)
+    share = (time.perf_counter() - start) / len(trajectories)   # what a question costs in conductor time
     for prompt, gens in zip(prompts, outputs):
         for t, g in zip(groups[prompt], gens):
             _fill_round(t.rounds[0], g)
+            t.conductor_s = share
     return trajectories
 
 

@@ -96,6 +96,7 @@ class Trajectory:
     infra_failed: bool = False
     infra_cause: str | None = None
     wall_s: float = 0.0
+    conductor_s: float = 0.0   # conductor generation: this trajectory's share of the batched call that wrote it
     shard: str = ""
 
     # -- derived views: one source of truth is the rounds and calls above --

@@ -158,7 +158,7 @@ def accuracy_vs_cost(lake: "str | Lake", by: str | list[str] = ("run_id", "check
                  pl.col("correct").mean().alias("accuracy"),
                  pl.col("cost_usd").mean().alias("dollars_per_question"),
                  pl.col("tokens").mean().alias("tokens_per_question"),
-                 pl.col("wall_s").mean().alias("seconds_per_question"))
+                 (pl.col("wall_s") + pl.col("conductor_s").fill_null(0)).mean().alias("seconds_per_question"))
             .sort(keys).collect())
 
 
