@@ -529,6 +529,12 @@ def register(registry: str, base: Path, ckpt: str, cmp: dict[str, Any], pool: An
 
 def main(argv: list[str] | None = None) -> None:
     a = _args(argv)
+    import importlib.util
+
+    for module, extra in (("mlflow", "mlflow"), ("llguidance", "train"), ("llama_cpp", "local"), ("torch", "train")):
+        if importlib.util.find_spec(module) is None:
+            print(f"error: python package {module!r} is not installed (pip install -e '.[{extra}]')", file=sys.stderr)
+            raise SystemExit(2)
     root = Path(a.state_dir)
     root.mkdir(parents=True, exist_ok=True)
     sys.stdout = Tee(root / "learning_local.log")       # type: ignore[assignment]
