@@ -79,3 +79,63 @@ def test_format_travels_with_the_checkpoint_and_governs_decoding(tiny, tmp_path)
     with pytest.raises(ValueError, match="lists no 'Model i'"):
         backend.generate(["no model list"], 1, GenerationParams(max_tokens=8))
     assert not (Path(tiny) / FORMAT_FILE).exists()
+
+
+def test_nightly_with_a_format_trains_promotes_and_answer_uses_the_champion(tiny, tmp_path, monkeypatch):
+    """The nightly flow end to end on a tiny model: the base gets the decoding contract, every rollout parses
+    under it, the metrics go to MLflow (file store) and the curves to the report, the forced promotion makes
+    the trained checkpoint champion, and `conductor answer --conductor champion@REGISTRY` decodes with it."""
+    pytest.importorskip("prefect")
+    pytest.importorskip("mlflow")
+    import os
+    import subprocess
+    import sys
+
+    from conductor.lake.reader import load_trajectories
+    from conductor.registry import Registry
+    from flows.nightly import nightly_flow
+
+    monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    work = tmp_path / "night"
+    fmt = ConductorFormat(max_steps=2)
+    res = nightly_flow(pool=str(ROOT / "data/pools/simulated.yaml"), train_questions="gsm8k_train:1,mmlu_stem[100:101]",
+                       eval_questions="gsm8k_test:1,mmlu_stem[0:1]", work_dir=str(work), base=str(tiny), night="f1",
+                       iterations=1, questions_per_iteration=2, group_size=3, eval_samples=1, max_tokens=400,
+                       fewshot="none", shard_size=2, baselines=False, conductor_format=fmt.to_json(),
+                       grpo={"learning_rate": 1e-3, "total_iterations": 1, "warmup_ratio": 0.0, "track_kl": True},
+                       promotion={"alpha": 1.01, "min_improvement": -1.0, "max_domain_regression": 1.0})
+    assert res["status"] == "promoted", res
+    rollouts = load_trajectories(str(work / "lake"), "nightly-f1-it0", kind="rollout")
+    assert len(rollouts) == 6 and all(t.rounds[0].parse_status == "ok" for t in rollouts)
+    assert all(s["subtask"] in DEFAULT_SUBTASKS for t in rollouts for s in t.rounds[0].steps)
+    reg = Registry.open(str(work / "registry"))
+    assert reg.champion.checkpoint_id == "nightly-f1-it0" and load_format(reg.champion.uri) == fmt
+    reports = work / "reports" / "f1"
+    assert (reports / "training-curves.png").read_bytes()[:4] == b"\x89PNG"
+    run = json.loads((reports / "mlflow.json").read_text())
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=run["tracking_uri"])
+    assert run["tracking_uri"] == (work / "mlruns").resolve().as_uri()
+    assert [m.step for m in client.get_metric_history(run["run_id"], "kl_ref")] == [1]
+    assert client.get_run(run["run_id"]).data.metrics["parse_rate"] == 1.0
+    # the product command with the promoted champion: its grammar comes with the checkpoint
+    qfile = tmp_path / "q.jsonl"
+    qfile.write_text(json.dumps({"id": "x1", "question": "What is 6 * 7? Give the number in <answer></answer> tags.",
+                                 "answer": "42"}) + "\n")
+    out = tmp_path / "answers"
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "conductor.cli", "answer", str(qfile), "--out", str(out),
+                           "--pool", str(ROOT / "data/pools/simulated.yaml"),
+                           "--conductor", f"champion@{work / 'registry'}", "--fewshot", "none", "--max-steps", "2",
+                           "--max-tokens", "400"], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = load_trajectories(str(out / "lake"), _only_run(out / "lake"), kind=None)
+    assert rows and all(t.checkpoint_id == "nightly-f1-it0" and t.rounds[0].parse_status == "ok" for t in rows)
+
+
+def _only_run(lake: Path) -> str:
+    runs = {p.name.removeprefix("run_id=") for p in lake.glob("trajectories/kind=*/date=*/run_id=*")}
+    assert len(runs) == 1, runs
+    return runs.pop()
