@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The README's test command: install the locked dependency set (dev extras included) and the smallest
-# embedded model, then run the test suite. Slow real-model tests are skipped unless CONDUCTOR_RUN_SLOW=1.
+# The README's test command: install the whole locked dependency set (the 'all' profile: training stack and
+# dev extras included) and the smallest embedded model, then run the test suite. Slow real-model tests are
+# skipped unless CONDUCTOR_RUN_SLOW=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
-bash infra/install.sh --models smollm2-135m-instruct
-python -m pytest -q -p no:cacheprovider "$@"
+bash infra/install.sh --profile all --models smollm2-135m-instruct
+"${PYTHON:-python}" -m pytest -q -p no:cacheprovider "$@"
