@@ -236,8 +236,8 @@ def compare_runs(lake: str, runs: list[tuple[str, str]], *, kind: str = "answer"
     if best is not None and conductor in frames:
         paired = paired_test((conductor, frames[conductor]), (best, frames[best]), n_boot, seed)
     axis: Literal["dollars", "seconds"] = "dollars" if any(r.dollars > 0 for r in rows) else "seconds"
-    notes = [f"accuracy ± s.e. over questions, in percent; s/q is the executed workflow's wall clock per question "
-             f"(the conductor's own generation time is not in the lake); failures: unparseable p / infrastructure i."]
+    notes = ["accuracy ± s.e. over questions, in percent; s/q is the conductor's generation plus the executed "
+             "workflow's wall clock per question; failures: unparseable p / infrastructure i."]
     return Comparison(rows, datasets, best, paired, axis, notes)
 
 
