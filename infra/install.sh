@@ -115,7 +115,7 @@ else
   if [[ ",$EXTRAS," == *,all,* || ",$EXTRAS," == *,train,* ]] \
      && ! "$PY" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null; then
     echo "installing torch==2.13.0"
-    "$PY" -m pip install "torch==2.13.0"
+    "$PY" -m pip install "${CONSTRAINTS[@]}" "torch==2.13.0"
   fi
 
   # 3. the project and its locked dependencies
