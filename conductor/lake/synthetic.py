@@ -85,4 +85,4 @@ def synthetic_trajectories(n: int, *, run_id: str = "bench", kind: str = "rollou
         yield Trajectory(tid, run_id, kind, qid, dataset, DATASETS[dataset], _text(300), sample, date,
                          "ckpt-0001", "pool-main@v1", subpool, "42", [root], calls,
                          "42" if correct else "41", "42" if correct else "41", correct, reward, None,
-                         infra, rng.choice(_INFRA) if infra else None, rng.random() * 60, "")
+                         infra, rng.choice(_INFRA) if infra else None, rng.random() * 60, shard="")
