@@ -133,8 +133,9 @@ class State:
             old = self.data.get("config", {})
             diff = {k: (old.get(k), v) for k, v in frozen.items() if old.get(k) != v}
             if diff:
-                raise SystemExit(f"error: {self.path}: this state dir was started with other settings {diff}; "
-                                 "use another --state-dir (or the same settings to resume)")
+                print(f"error: {self.path}: this state dir was started with other settings {diff}; "
+                      "use another --state-dir (or the same settings to resume)", file=sys.stderr)
+                raise SystemExit(2)
         else:
             self.data = {"config": frozen, "sessions": [], "phases": {}, "curve": [], "checkpoint": None}
         self.data["sessions"].append({"started": time.time(), "wall_s": 0.0, "argv": sys.argv[1:]})
