@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 CONDUCTOR = "conductor"
 _COLUMNS = ("question_id", "dataset", "domain", "sample_index", "correct", "reward", "infra_failed", "parse_status",
-            "n_calls", "tokens", "cost_usd", "wall_s", "conductor_s", "checkpoint_id", "run_id")
+            "n_calls", "tokens", "cost_usd", "wall_s", "conductor_s", "shard", "checkpoint_id", "run_id")
 
 
 class CompareError(ValueError):
@@ -182,6 +182,18 @@ def _eval_rows(df: pl.DataFrame) -> list["EvalRow"]:
     return to_rows(rows)
 
 
+def elapsed_seconds(df: pl.DataFrame) -> float:
+    """Seconds a run took: per shard, its conductor generation plus its slowest workflow (a shard's workflows
+    run concurrently, so their wall clocks overlap and must not be added), summed over shards.
+
+    >>> elapsed_seconds(pl.DataFrame({"shard": ["a", "a", "b"], "wall_s": [3.0, 5.0, 2.0],
+    ...                               "conductor_s": [1.0, 1.0, None]}))
+    9.0
+    """
+    per = df.group_by("shard").agg((pl.col("conductor_s").fill_null(0).sum() + pl.col("wall_s").max()).alias("s"))
+    return float(per["s"].sum())
+
+
 def strategy_row(label: str, df: pl.DataFrame) -> StrategyRow:
     """One strategy's line of the table from its (non-empty) run frame."""
     from conductor.evaluation import question_mean_se
@@ -200,7 +212,7 @@ def strategy_row(label: str, df: pl.DataFrame) -> StrategyRow:
         n_questions=nq, datasets=datasets, average=avg, average_se=avg_se,
         calls=float(df["n_calls"].sum()) / nq, tokens=float(df["tokens"].sum()) / nq,
         dollars=float(df["cost_usd"].sum()) / nq,
-        seconds=float(df["wall_s"].sum() + df["conductor_s"].fill_null(0).sum()) / nq,   # conductor + workflow
+        seconds=elapsed_seconds(df) / nq,
         parse_failures=int((df["parse_status"] != "ok").sum()), infra_failures=int(df["infra_failed"].sum()))
 
 
@@ -236,8 +248,8 @@ def compare_runs(lake: str, runs: list[tuple[str, str]], *, kind: str = "answer"
     if best is not None and conductor in frames:
         paired = paired_test((conductor, frames[conductor]), (best, frames[best]), n_boot, seed)
     axis: Literal["dollars", "seconds"] = "dollars" if any(r.dollars > 0 for r in rows) else "seconds"
-    notes = ["accuracy ± s.e. over questions, in percent; s/q is the conductor's generation plus the executed "
-             "workflow's wall clock per question; failures: unparseable p / infrastructure i."]
+    notes = ["accuracy ± s.e. over questions, in percent; s/q is elapsed seconds per question (per shard: the "
+             "conductor's generation plus its slowest concurrent workflow); failures: unparseable p / infrastructure i."]
     return Comparison(rows, datasets, best, paired, axis, notes)
 
 

@@ -91,30 +91,38 @@ def plan(questions: Sequence["Question"], spec: RunSpec, shard: str = "") -> lis
 
 
 def generate(trajectories: list[Trajectory], policy: "PolicyBackend", spec: RunSpec) -> list[Trajectory]:
-    """Sample the conductor: one batched call with n = samples per distinct prompt (the GRPO group)."""
+    """Sample the conductor: one batched call with n = samples per distinct prompt (the GRPO group), per
+    grammar (randomized sub-pools of different shapes need different grammars)."""
     groups: dict[str, list[Trajectory]] = {}
     for t in trajectories:
         groups.setdefault(t.rounds[0].prompt, []).append(t)
-    prompts = list(groups)
-    n = max(len(v) for v in groups.values()) if groups else 0
-    if not prompts:
+    if not groups:
         return trajectories
-    params = spec.generation_params()
-    if spec.constrained:
-        from conductor.grammar import workflow_grammar
-
-        sub = spec.subpool_for(groups[prompts[0]][0].question_id)
-        plan = 0 if spec.fewshot.startswith("informed") else 240   # the informed examples have no plan line
-        params = replace(params, grammar=workflow_grammar(len(sub), spec.max_steps, plan_chars=plan,
-                                                          tools=sub.tool_ordinals))
-    start = time.perf_counter()
-    outputs = policy.generate(prompts, n, params)
-    share = (time.perf_counter() - start) / len(trajectories)   # what a question costs in conductor time
-    for prompt, gens in zip(prompts, outputs):
-        for t, g in zip(groups[prompt], gens):
-            _fill_round(t.rounds[0], g)
-            t.conductor_s = share
+    n = max(len(v) for v in groups.values())
+    by_params: dict["GenerationParams", list[str]] = {}
+    for prompt, trajs in groups.items():
+        by_params.setdefault(_params_for(spec, trajs[0].question_id), []).append(prompt)
+    for params, prompts in by_params.items():
+        start = time.perf_counter()
+        outputs = policy.generate(prompts, n, params)
+        share = (time.perf_counter() - start) / sum(len(groups[p]) for p in prompts)   # conductor time per question
+        for prompt, gens in zip(prompts, outputs):
+            for t, g in zip(groups[prompt], gens):
+                _fill_round(t.rounds[0], g)
+                t.conductor_s = share
     return trajectories
+
+
+def _params_for(spec: RunSpec, question_id: str) -> "GenerationParams":
+    """Sampling settings for one question's prompt; under ``constrained`` the grammar of its sub-pool."""
+    params = spec.generation_params()
+    if not spec.constrained:
+        return params
+    from conductor.grammar import workflow_grammar
+
+    sub = spec.subpool_for(question_id)
+    plan = 0 if spec.fewshot.startswith("informed") else 240   # the informed examples have no plan line
+    return replace(params, grammar=workflow_grammar(len(sub), spec.max_steps, plan_chars=plan, tools=sub.tool_ordinals))
 
 
 def _fill_round(r: Round, g: "Generation") -> None:

@@ -34,12 +34,12 @@ def test_answer_profile_has_no_training_or_test_stack():
     assert not answer & {"torch", "transformers", "trl", "peft", "accelerate", "pytest", "hypothesis", "moto"}
 
 
-def test_all_profile_is_answer_plus_train_and_dev():
+def test_all_profile_is_answer_plus_train_mlflow_and_dev():
     extras = _extras()
     everything = _extras_closure("all", extras)
     assert everything == (_extras_closure("answer", extras) | _extras_closure("train", extras)
-                          | _extras_closure("dev", extras))
-    assert {"torch", "transformers", "pytest"} <= everything
+                          | _extras_closure("mlflow", extras) | _extras_closure("dev", extras))
+    assert {"torch", "transformers", "pytest", "mlflow-skinny"} <= everything
 
 
 def _install(*args: str) -> subprocess.CompletedProcess[str]:
