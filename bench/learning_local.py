@@ -546,7 +546,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(a.threads)
     from conductor.cache import ResponseCache
     from conductor.embedded import ensure_models
-    from conductor.grpo.format import ConductorFormat, formatted_base
+    from conductor.grpo.format import ConductorFormat
+    from conductor.grpo.trainer import formatted_base
     from conductor.grpo.tracking import MetricsTracker, default_tracking_uri, plot_curves
     from conductor.servers import EmbeddedServers, resolve_embedded
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from conductor.grpo.format import (DEFAULT_SUBTASKS, FORMAT_FILE, ConductorFormat, formatted_base, load_format,
+from conductor.grpo.trainer import formatted_base
+from conductor.grpo.format import (DEFAULT_SUBTASKS, FORMAT_FILE, ConductorFormat, load_format,
                                    n_workers_in)
 from conductor.parser import parse_workflow
 from conductor.policy.base import GenerationParams

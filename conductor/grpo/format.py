@@ -96,36 +96,3 @@ def write_format(checkpoint_dir: str | Path, fmt: ConductorFormat) -> Path:
     f = Path(checkpoint_dir) / FORMAT_FILE
     f.write_text(json.dumps(fmt.to_json(), indent=1), encoding="utf-8")
     return f
-
-
-def formatted_base(base: str, fmt: ConductorFormat, root: str | Path) -> Path:
-    """A HF copy of ``base`` (a .gguf file or a checkpoint directory) carrying ``fmt``, under ``root``; made
-    once (atomically), reused after. The trainer then carries the format to every descendant."""
-    from conductor.grpo.trainer import TrainError, ensure_hf_checkpoint, resolve_model
-
-    src = Path(base)
-    if src.is_file() and src.suffix == ".gguf":
-        src = ensure_hf_checkpoint(src)
-    else:
-        local, gguf = resolve_model(base)
-        if gguf is not None:
-            raise TrainError(f"{base}: a GGUF inside a directory; pass the .gguf file")
-        src = local
-    dest = Path(root) / f"{src.name}-fmt{fmt.digest}"
-    if (dest / FORMAT_FILE).is_file():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
-        for f in src.iterdir():
-            if f.is_file() and f.name not in (FORMAT_FILE, "optimizer.pt"):
-                shutil.copy2(f, stage / f.name)
-        write_format(stage, fmt)
-        if (dest / FORMAT_FILE).is_file():
-            shutil.rmtree(stage, ignore_errors=True)
-        else:
-            os.rename(stage, dest)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    return dest

@@ -29,10 +29,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from conductor.grpo.config import GRPOConfig, lr_at
 from conductor.grpo.samples import Sample, build_samples
+
+if TYPE_CHECKING:
+    from conductor.grpo.format import ConductorFormat
 
 
 class TrainError(ValueError):
@@ -773,3 +776,36 @@ def grpo_step(model_dir_or_spec: str, trajectories: Iterable[Any], config: GRPOC
             out = str(Path(base).parent / f"{stem}-it{trainer.iteration:04d}")
     path = trainer.save(out, checkpoint_id)
     return path, metrics
+
+
+def formatted_base(base: str, fmt: "ConductorFormat", root: str | Path) -> Path:
+    """A HF copy of ``base`` (a .gguf file or a checkpoint directory) carrying ``fmt``, under ``root``; made
+    once (atomically), reused after. The trainer then carries the format to every descendant."""
+    from conductor.grpo.format import FORMAT_FILE, write_format
+
+    src = Path(base)
+    if src.is_file() and src.suffix == ".gguf":
+        src = ensure_hf_checkpoint(src)
+    else:
+        local, gguf = resolve_model(base)
+        if gguf is not None:
+            raise TrainError(f"{base}: a GGUF inside a directory; pass the .gguf file")
+        src = local
+    dest = Path(root) / f"{src.name}-fmt{fmt.digest}"
+    if (dest / FORMAT_FILE).is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        for f in src.iterdir():
+            if f.is_file() and f.name not in (FORMAT_FILE, "optimizer.pt"):
+                shutil.copy2(f, stage / f.name)
+        write_format(stage, fmt)
+        if (dest / FORMAT_FILE).is_file():
+            shutil.rmtree(stage, ignore_errors=True)
+        else:
+            os.rename(stage, dest)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return dest
