@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import socket
+import urllib.request
 from typing import Iterator
 
 
@@ -27,6 +28,9 @@ def moto_s3(bucket: str, key: str, secret: str) -> Iterator[tuple[str, dict[str,
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
+    # moto keeps its buckets in process-global state shared by every server it starts in this process: start
+    # each test from an empty S3, or a bucket an earlier test made (same name) makes mkdir fail.
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=30).close()
     env = {"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret, "AWS_ENDPOINT_URL": endpoint,
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1"}
     saved = {k: os.environ.get(k) for k in env}

@@ -168,10 +168,16 @@ class Lake:
                 continue   # superseded by a committed compacted file (conductor/lake/manifest.py)
             uri = loc.uri(p)
             try:
-                with loc.fs.open(p, "rb") as fh:
-                    meta = pq.read_metadata(fh)
-            except FileNotFoundError:
-                raise _Vanished(uri) from None
+                try:
+                    with loc.fs.open(p, "rb") as fh:
+                        meta = pq.read_metadata(fh)
+                except FileNotFoundError:
+                    loc.fs.invalidate_cache(p)
+                    if not loc.fs.exists(p):
+                        raise _Vanished(uri) from None
+                    raise ValueError("footer out of range") from None   # s3fs says "not found" for a short file
+            except _Vanished:
+                raise
             except Exception as e:   # noqa: BLE001 - any unreadable footer means a corrupt file
                 msg = f"lake: skipping corrupt file {uri}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
                 log.warning(msg)
