@@ -69,7 +69,8 @@ class Bucket:
     def wait_time(self, n: float, now: float | None = None) -> float:
         now = time.monotonic() if now is None else now
         self._refill(now)
-        return 0.0 if self.level >= n else (n - self.level) / self.rate
+        # a shortfall below float resolution would ask for a wait too small to move the clock: never ending
+        return 0.0 if self.level >= n - 1e-9 else (n - self.level) / self.rate
 
     def take(self, n: float, now: float | None = None) -> None:
         self._refill(time.monotonic() if now is None else now)
