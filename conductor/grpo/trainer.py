@@ -207,11 +207,21 @@ def ensure_hf_checkpoint(gguf_path: str | Path) -> Path:
         return dest
     model, tok = load_policy(str(gguf), GRPOConfig(device="cpu", dtype="float32"))
     _ensure(dest.parent)
-    stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
+
+    def fill(stage: Path) -> None:
         model.save_pretrained(stage)
         tok.save_pretrained(stage)
-        if (dest / "config.json").is_file():      # another process won the race
+
+    return publish_dir(dest, "config.json", fill)
+
+
+def publish_dir(dest: Path, marker: str, fill: Any) -> Path:
+    """Write a directory atomically: ``fill`` a temp dir beside ``dest``, then rename it into place, unless
+    another process published ``dest`` (its ``marker`` file exists) meanwhile; nothing half-written stays."""
+    stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        fill(stage)
+        if (dest / marker).is_file():      # another process won the race
             shutil.rmtree(stage, ignore_errors=True)
         else:
             os.rename(stage, dest)
@@ -795,17 +805,11 @@ def formatted_base(base: str, fmt: "ConductorFormat", root: str | Path) -> Path:
     if (dest / FORMAT_FILE).is_file():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
+
+    def fill(stage: Path) -> None:
         for f in src.iterdir():
             if f.is_file() and f.name not in (FORMAT_FILE, "optimizer.pt"):
                 shutil.copy2(f, stage / f.name)
         write_format(stage, fmt)
-        if (dest / FORMAT_FILE).is_file():
-            shutil.rmtree(stage, ignore_errors=True)
-        else:
-            os.rename(stage, dest)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    return dest
+
+    return publish_dir(dest, FORMAT_FILE, fill)
