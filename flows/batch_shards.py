@@ -15,10 +15,10 @@ from typing import Any, Sequence
 from prefect import get_run_logger
 
 from conductor.pipeline import RunSpec
-from flows.shards import MAX_CONDUCTOR_FAILURES, _mark_failed
+from flows.shards import MAX_CONDUCTOR_FAILURES, generate_or_record
 from tasks.batch import execute_waves_task
 from tasks.lake import write_shard_task
-from tasks.pipeline import generate_shard, plan_shard, score_shard
+from tasks.pipeline import score_shard
 
 
 def batch_executor(executor: Any, enabled: bool = True, poll_s: float = 60.0) -> Any:
@@ -40,22 +40,14 @@ def run_shards_batched(todo: Sequence[tuple[str, Sequence[Any]]], spec: RunSpec,
 
     A shard whose conductor call fails is committed as infra-failed (a rerun retries it), as in ``run_shards``;
     after ``MAX_CONDUCTOR_FAILURES`` such shards in a row, or a refused key, no more shards are generated."""
-    from conductor.policy.openai_backend import EndpointError
-
     log = get_run_logger()
     planned, written, failures = [], 0, 0
     for sid, sq in todo:
-        trajs = plan_shard(sq, spec, sid)
-        try:
-            trajs = generate_shard(trajs, policy, spec)
-        except EndpointError as e:
-            failures += 1
-            _mark_failed(trajs, f"conductor: {e}", on_done)
-            write_shard_task(lake, trajs, sid)
+        trajs, error = generate_or_record(sid, sq, spec, lake, policy, on_done)
+        if error is not None:
             written += len(trajs)
-            log.warning("%s shard %s: conductor failed, %d trajectories recorded as infra-failed: %s",
-                        spec.kind, sid, len(trajs), e)
-            if failures >= MAX_CONDUCTOR_FAILURES or e.kind == "auth":
+            failures += 1
+            if failures >= MAX_CONDUCTOR_FAILURES or error.kind == "auth":
                 break
             continue
         failures = 0

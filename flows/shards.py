@@ -55,23 +55,15 @@ def run_shards(todo: Sequence[tuple[str, Sequence[Any]]], spec: RunSpec, lake: s
     retries them); after ``MAX_CONDUCTOR_FAILURES`` such shards in a row, or one refused key, the remaining
     shards are left for the rerun instead of waiting on a dead endpoint.
     """
-    from conductor.policy.openai_backend import EndpointError
-
     log = get_run_logger()
     written = failures = 0
     for n, (sid, sq) in enumerate(todo):
-        trajs = plan_shard(sq, spec, sid)
-        try:
-            trajs = generate_shard(trajs, policy, spec)
-        except EndpointError as e:
-            failures += 1
-            _mark_failed(trajs, f"conductor: {e}", on_done)
-            write_shard_task(lake, trajs, sid)
+        trajs, error = generate_or_record(sid, sq, spec, lake, policy, on_done)
+        if error is not None:
             written += len(trajs)
-            log.warning("%s shard %s: conductor failed, %d trajectories recorded as infra-failed: %s",
-                        spec.kind, sid, len(trajs), e)
-            if failures >= MAX_CONDUCTOR_FAILURES or e.kind == "auth":
-                log.warning("%s: stopping; %d shards left for a rerun", e.kind, len(todo) - n - 1)
+            failures += 1
+            if failures >= MAX_CONDUCTOR_FAILURES or error.kind == "auth":
+                log.warning("%s: stopping; %d shards left for a rerun", error.kind, len(todo) - n - 1)
                 break
             continue
         failures = 0
@@ -81,6 +73,23 @@ def run_shards(todo: Sequence[tuple[str, Sequence[Any]]], spec: RunSpec, lake: s
         written += len(trajs)
         log.info("%s shard %s committed: %d trajectories", spec.kind, sid, len(trajs))
     return written
+
+
+def generate_or_record(sid: str, sq: Sequence[Any], spec: RunSpec, lake: str, policy: Any,
+                       on_done: Any = None) -> tuple[list[Any], Any]:
+    """Plan and generate one shard: (trajectories, None), or, when the conductor's endpoint fails, the shard
+    committed as infra-failed (a rerun retries it) and (its trajectories, the EndpointError)."""
+    from conductor.policy.openai_backend import EndpointError
+
+    trajs = plan_shard(sq, spec, sid)
+    try:
+        return generate_shard(trajs, policy, spec), None
+    except EndpointError as e:
+        _mark_failed(trajs, f"conductor: {e}", on_done)
+        write_shard_task(lake, trajs, sid)
+        get_run_logger().warning("%s shard %s: conductor failed, %d trajectories recorded as infra-failed: %s",
+                                 spec.kind, sid, len(trajs), e)
+        return trajs, e
 
 
 def _mark_failed(trajs: list[Any], cause: str, on_done: Any) -> None:
