@@ -66,7 +66,8 @@ def test_compaction_keeps_every_row_and_query_result(tmp_path: Path) -> None:
         assert after[table].equals(rows[table]), table
     for name, df in standard_report(str(root)).items():    # aggregates: same up to float summation order
         assert_frame_equal(_canonical(df), _canonical(report[name]), check_exact=False, rel_tol=1e-12)
-    assert lake_stats(str(root)).equals(stats)             # shards are still counted from the shard column
+    assert_frame_equal(lake_stats(str(root)), stats,       # shards are still counted from the shard column;
+                       check_exact=False, rel_tol=1e-12)   # dollars summed in another order
     assert sql(str(root), "SELECT count(*) AS n, sum(n_calls) AS c FROM trajectories").equals(n_sql)
 
     again = compact(str(root), run_id="r1", target_mb=0.5)    # idempotent: nothing left to merge
