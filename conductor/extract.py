@@ -27,7 +27,7 @@ _CLOSE_TAG_RE = re.compile(r"</answer>", re.IGNORECASE)
 _BRACE_TOKEN_RE = re.compile(r"(\\(?:boxed|fbox)\s*\{)|\\.|[{}]", re.DOTALL)
 _BOX_SPACE_RE = re.compile(r"\\boxed +([^\s$]+)")
 _FINAL_RE = re.compile(
-    r"(?:final\s+answer\s*(?:is)?\s*[:：]?|the\s+(?:correct\s+)?answer\s+is\s*[:：]?|answer\s*[:：]|####)\s*(.+)",
+    r"(?:final\s+answer\s*(?:is)?\s*[:：]?|the\s+(?:correct\s+)?answer\s+is\s*[:：]?|answer\s*[:：]|####)\s*(.*)",
     re.IGNORECASE)
 _NUMBER_RE = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|(?<![\w.])-?\.\d+")
 _CODE_START_RE = re.compile(r"^(?:def |class |import |from \S+ import |async def |@)", re.MULTILINE)
@@ -127,13 +127,28 @@ def final_answer_line(text: str) -> str | None:
     'x^2'
     >>> final_answer_line("nothing here") is None
     True
+
+    A phrase that ends its line ("The final answer is:") takes the next non-empty line:
+
+    >>> final_answer_line("The final answer is:\\n\\n**D**\\nbecause ...")
+    'D'
+    >>> final_answer_line("the final answer is:\\n") is None
+    True
     """
     best: str | None = None
+    pending = False                   # the last phrase ended its line: the answer is on the next one
     for line in _tail(text).splitlines():
-        for m in _FINAL_RE.finditer(line):
-            cand = _clean_line(m.group(1))
+        if pending and line.strip():
+            pending = False
+            cand = _clean_line(line.strip().lstrip(":："))
             if cand:
                 best = cand
+        for m in _FINAL_RE.finditer(line):
+            cand = _clean_line(m.group(1).lstrip(":："))
+            if cand:
+                best, pending = cand, False
+            else:
+                pending = True
     return best
 
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conductor.extract import (Extraction, _fenced_blocks, answer_tag, boxed, choice_letter, code_block, extract,
+from conductor.extract import (DEFAULT_RULES, Extraction, _fenced_blocks, answer_tag, boxed, choice_letter, code_block, extract,
                                final_answer_line, last_number)
 
 latex_atoms = st.sampled_from(["x", "1", "\\pi", "\\frac{a}{b}", "\\sqrt{2}", "{y}", "\\{1,2\\}", "(3, 4)", "-7"])
@@ -72,6 +72,17 @@ def test_choice_letter(text, want):
 ])
 def test_choice_letter_markdown_wrapped(text, want):
     assert choice_letter(text, 4) == want
+
+
+@pytest.mark.parametrize("text,want", [          # final answers seen in the lake (issue #12 held-out run)
+    ("Given this analysis, the final answer is:\nD\nThis result is derived from the error message.", "D"),
+    ("The final answer is:\n\n<B>\n\nThis answer is derived by analyzing the output.", "B"),
+    ("Therefore, the final answer is:\n<answer></answer>", None),
+    ("so the final answer is: **C**.", "C"),
+])
+def test_mcq_answer_on_the_line_after_the_phrase(text, want):
+    found = extract(text, DEFAULT_RULES["mcq"])
+    assert (choice_letter(found, 4) if found else None) == want
 
 
 def test_choice_letter_by_option_text():
