@@ -51,7 +51,9 @@ def main() -> None:
 
     from conductor.embedded import ensure_models
     from conductor.grpo.config import GRPOConfig
-    from conductor.grpo.trainer import PolicyTrainer, ensure_hf_checkpoint, render_prompt
+    from conductor.grpo.batching import render_prompt
+    from conductor.grpo.checkpoint import ensure_hf_checkpoint
+    from conductor.grpo.trainer import PolicyTrainer
     from conductor.pool import load_pool
     from conductor.prompts import conductor_prompt
     from conductor.trajectory import Round, Trajectory, trajectory_id

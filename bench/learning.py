@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> None:
     from conductor.embedded import ensure_models
     from conductor.executor import Executor
     from conductor.grpo import GRPOConfig, PolicyTrainer
-    from conductor.grpo.trainer import ensure_hf_checkpoint
+    from conductor.grpo.checkpoint import ensure_hf_checkpoint
     from conductor.pipeline import RunSpec, execute, generate, plan, run_shard, score
     from conductor.policy.fixed import FixedWorkflowPolicy
     from conductor.policy.transformers_backend import TransformersBackend

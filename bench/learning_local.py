@@ -547,7 +547,7 @@ def main(argv: list[str] | None = None) -> None:
     from conductor.cache import ResponseCache
     from conductor.embedded import ensure_models
     from conductor.grpo.format import ConductorFormat
-    from conductor.grpo.trainer import formatted_base
+    from conductor.grpo.checkpoint import formatted_base
     from conductor.grpo.tracking import MetricsTracker, default_tracking_uri, plot_curves
     from conductor.servers import EmbeddedServers, resolve_embedded
 

@@ -130,7 +130,7 @@ def nightly_flow(pool: str, train_questions: str, eval_questions: str, work_dir:
 
     if conductor_format:
         from conductor.grpo.format import ConductorFormat
-        from conductor.grpo.trainer import formatted_base
+        from conductor.grpo.checkpoint import formatted_base
 
         base = str(formatted_base(base, ConductorFormat.from_json(conductor_format), work / "base"))
     champion = reg.champion

@@ -157,11 +157,12 @@ def tiny(tmp_path_factory) -> Path:
 
 def _seq_logprob(trainer, prompt: str, completion: str) -> float:
     from conductor.grpo.samples import Sample
-    from conductor.grpo.trainer import _batch, completion_logprobs, encode
+    from conductor.grpo.batching import encode, make_batch
+    from conductor.grpo.logprobs import completion_logprobs
 
     e = encode(trainer.tokenizer, Sample("x", 0, ("r", "q"), prompt, completion, 0.0), trainer.cfg)
     with torch.no_grad():
-        return float(completion_logprobs(trainer.model, _batch([e], trainer.tokenizer.pad_token_id, "cpu"), 1.0).sum())
+        return float(completion_logprobs(trainer.model, make_batch([e], trainer.tokenizer.pad_token_id, "cpu"), 1.0).sum())
 
 
 def test_gradient_step_raises_rewarded_completion_and_lowers_punished_one(tiny):
@@ -251,7 +252,7 @@ def _smollm2_checkpoint() -> Path | None:
     gguf = installed().get("smollm2-135m-instruct")
     if gguf is None:
         return None
-    from conductor.grpo.trainer import ensure_hf_checkpoint
+    from conductor.grpo.checkpoint import ensure_hf_checkpoint
 
     return ensure_hf_checkpoint(gguf)
 
@@ -282,7 +283,9 @@ def test_real_grpo_step_on_smollm2_135m(tmp_path):
 
 def test_shared_prompt_forward_gives_the_same_logprobs_and_gradients(tiny):
     from conductor.grpo.samples import Sample
-    from conductor.grpo.trainer import PolicyTrainer, _batch, completion_logprobs, encode
+    from conductor.grpo.batching import encode, make_batch
+    from conductor.grpo.logprobs import completion_logprobs
+    from conductor.grpo.trainer import PolicyTrainer
 
     tr = PolicyTrainer(str(tiny), GRPOConfig.cpu(total_iterations=2))
     comps = ["model_id = [1]", "model_id = [0, 2]\nsubtasks = ['a', 'b']", "x"]
@@ -290,7 +293,7 @@ def test_shared_prompt_forward_gives_the_same_logprobs_and_gradients(tiny):
     results = []
     for share in (False, True):
         tr.model.zero_grad()
-        b = _batch(enc, tr.tokenizer.pad_token_id, "cpu", share)
+        b = make_batch(enc, tr.tokenizer.pad_token_id, "cpu", share)
         assert b["shared"] is share
         lp = completion_logprobs(tr.model, b, 1.0)
         (lp * b["completion_mask"]).sum().backward()

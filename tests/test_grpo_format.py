@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conductor.grpo.trainer import formatted_base
+from conductor.grpo.checkpoint import formatted_base
 from conductor.grpo.format import (DEFAULT_SUBTASKS, FORMAT_FILE, ConductorFormat, load_format,
                                    n_workers_in)
 from conductor.parser import parse_workflow

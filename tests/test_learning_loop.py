@@ -54,7 +54,7 @@ def test_one_iteration_rollout_train_evaluate_promote(tmp_path, smollm2):
     lineage = json.loads((ckpt / "lineage.json").read_text())
     assert lineage["rollout_run"] == "nightly-t1-it0" and lineage["pool_id"] == "simulated-4@v1"
     assert lineage["parent"] == str(smollm2) and lineage["hyperparameters"]["learning_rate"] == 1e-4
-    from conductor.grpo.trainer import resolve_model
+    from conductor.grpo.checkpoint import resolve_model
 
     base_dir, gguf = resolve_model(str(smollm2))
     from conductor.lake.reader import scan
