@@ -133,12 +133,13 @@ def _fill_round(r: Round, g: "Generation") -> None:
 
 def execute(trajectories: list[Trajectory], spec: RunSpec, executor: Any,
             policy: "PolicyBackend | None" = None, on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
-    """Parse and run every workflow concurrently under the executor's shared rate limits.
+    """Parse and run every workflow concurrently under the executor's shared rate limits
+    (``conductor.recursion.execute_batch``: one trajectory's failure never stops the others).
 
     With ``spec.recursion_depth > 0`` and a policy, the conductor is called again on its own final answer.
     """
-    from conductor.executor import Budget, execute_trajectory
-    from conductor.recursion import conductor_fn_from_backend
+    from conductor.executor import Budget
+    from conductor.recursion import conductor_fn_from_backend, execute_batch
 
     conductor_fn = (conductor_fn_from_backend(policy, replace(spec.generation_params(), seed=None))
                     if (policy is not None and spec.recursion_depth > 0) else None)
@@ -150,21 +151,9 @@ def execute(trajectories: list[Trajectory], spec: RunSpec, executor: Any,
                 register_gold(t.question, t.gold, t.domain, t.dataset)
     budget = Budget(max_calls=spec.max_calls_per_question, max_dollars=spec.max_dollars_per_question,
                     max_seconds=spec.max_seconds_per_question)
-
-    async def one(t: Trajectory) -> Trajectory:
-        start = time.perf_counter()
-        sub = spec.subpool_for(t.question_id)
-        await execute_trajectory(t, sub, executor, conductor=conductor_fn, max_depth=spec.recursion_depth,
-                                 max_steps=spec.max_steps, budget=budget, call_factor=spec.recursion_call_factor)
-        t.wall_s = time.perf_counter() - start
-        if on_done is not None:
-            on_done(t)
-        return t
-
-    async def all_of() -> list[Trajectory]:
-        return list(await asyncio.gather(*(one(t) for t in trajectories)))
-
-    return asyncio.run(all_of())
+    return asyncio.run(execute_batch(
+        trajectories, lambda t: spec.subpool_for(t.question_id), executor, on_done=on_done, conductor=conductor_fn,
+        max_depth=spec.recursion_depth, max_steps=spec.max_steps, budget=budget, call_factor=spec.recursion_call_factor))
 
 
 def score(trajectories: list[Trajectory], questions: Sequence["Question"], scheme: "RewardScheme | None" = None) -> list[Trajectory]:

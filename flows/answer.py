@@ -17,8 +17,7 @@ from prefect import flow, get_run_logger
 
 from conductor.pipeline import RunSpec
 from conductor.preflight import derive_run_id  # noqa: F401  (kept importable from here)
-from flows.batch_shards import batch_shard_runner
-from flows.shards import pending_shards, run_shards
+from flows.shards import batch_mode, pending_shards, run_shards
 from tasks.summary import summarize_run
 
 DEFAULT_POOL = str(Path(__file__).resolve().parent.parent / "data" / "pools" / "local.yaml")
@@ -35,7 +34,7 @@ def answer_flow(questions: str, out: str, pool: str = DEFAULT_POOL, conductor: s
                 compact: bool = False) -> dict[str, Any]:
     """Answer a question set; trajectories go to the lake (OUT/lake, or any local or s3:// root given),
     answers to OUT/answers.jsonl, a summary and report to OUT. ``batch``: worker calls go through the providers'
-    batch APIs at half price, polled every ``batch_poll_s`` seconds (flows/batch_shards.py). ``limits``: a store
+    batch APIs at half price, polled every ``batch_poll_s`` seconds (flows/shards.py). ``limits``: a store
     shared with other processes spending the same provider quotas (``sqlite:PATH``, ``prefect``;
     conductor/shared_limits.py). ``compact``: merge the run's shard files afterwards (conductor/lake/compact.py)."""
     from conductor.preflight import prepare_answer
@@ -66,10 +65,10 @@ def answer_flow(questions: str, out: str, pool: str = DEFAULT_POOL, conductor: s
                            temperature=inp.temperature, max_tokens=max_tokens, fewshot=inp.fewshot,
                            constrained=inp.constrained, max_steps=max_steps, settings_key=inp.settings_key)
             executor = live.executor(cache_path=inp.cache, replay=replay, limits=limits)
-            shard_runner = batch_shard_runner(batch, batch_poll_s, live.pool) or run_shards
             with RunProgress(len(qs) * samples, "answering", enabled=show_progress) as progress:
                 progress.skip((len(qs) - sum(len(sq) for _, sq in todo)) * samples)
-                shard_runner(todo, spec, lake, live.cached_policy(executor), executor, progress.done)
+                run_shards(todo, spec, lake, live.cached_policy(executor), executor, progress.done,
+                           batch=batch_mode(batch, batch_poll_s, live.pool))
     if compact:
         from conductor.lake.compact import compact as compact_lake
 
@@ -78,9 +77,8 @@ def answer_flow(questions: str, out: str, pool: str = DEFAULT_POOL, conductor: s
 
 
 if __name__ == "__main__":  # pragma: no cover
+    import runpy
     import sys
 
-    from conductor.cli import main
-
-    sys.argv = [sys.argv[0], "answer", *sys.argv[1:]]
-    main()
+    sys.argv = [sys.argv[0], "answer", *sys.argv[1:]]   # the `conductor answer` command, without importing the CLI here
+    runpy.run_module("conductor", run_name="__main__")

@@ -13,7 +13,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from conductor.pipeline import RunSpec
-from tasks.shard import run_shard_task
+from flows.shards import fan_out_shards, run_shards, unfinished_shards
 
 
 def rollout_spec(run_id: str, pool: Any, checkpoint_id: str, group_size: int, k: int | None, seed: int,
@@ -68,15 +68,23 @@ def rollout_flow(questions: str, lake: str, pool: str, conductor: str, run_id: s
                         recursion_depth, kind, fewshot)
     shards = list(sharded(qs, shard_size))
     log.info("%s run %s: %d questions x %d samples in %d shards", kind, run_id, len(qs), group_size, len(shards))
-    if _runs_remotely():  # fan out: each Dask/Ray worker builds its own runtime from the plain specs
+    todo = unfinished_shards(shards, spec, lake)
+    if todo and _runs_remotely():  # fan out: each Dask/Ray worker builds its own runtime from the plain specs
         from conductor.shared_limits import default_spec
 
         limits = limits or default_spec(cache, fans_out=True)   # one quota for every worker process
         log.info("%s run %s: provider limits shared through %s", kind, run_id, limits)
-        futures = [run_shard_task.submit(sq, spec, sid, lake, conductor, cache, limits) for sid, sq in shards]
-        written = sum(f.result() for f in futures)
-    else:                 # in-process: one loaded policy, shards in order
-        written = sum(run_shard_task(sq, spec, sid, lake, conductor, cache, limits) for sid, sq in shards)
+        written = fan_out_shards(todo, spec, lake, conductor, cache, limits)
+    elif todo:            # in-process: one loaded policy, shards in order
+        from dataclasses import replace
+
+        from conductor.runtime import shared_live
+
+        live = shared_live(manifest, conductor)
+        written = run_shards(todo, replace(spec, pool=live.pool), lake, live.policy,
+                             live.executor(cache, limits=limits), record_failures=False)
+    else:
+        written = 0
     summary, _ = run_summary(lake, run_id, kind)
     summary["written_now"] = written
     log.info("%s run %s: %d trajectories (%d new), mean reward %s, accuracy %s", kind, run_id,

@@ -1,24 +1,38 @@
-"""The shard loop of bulk answering: find what is not done yet, run the stages as tasks, commit.
+"""The one shard loop of every kind of run (answer, rollout, eval): find what is not done yet, run the
+stages as tasks, commit shard by shard.
 
-Resume is by content (conductor/lake/resume.py): a question is done when every trajectory id the run gives
-it (``RunSpec.trajectory_ids``: the question's id and content and the settings that change answers) is
-committed intact and not infra-failed. Everything else is regrouped into shards named by what they hold,
-so another shard size redoes nothing, an edited question redoes only itself, and a damaged shard file or
-an infrastructure failure is redone on the next run.
+Resume. Answer runs resume by content (conductor/lake/resume.py, ``pending_shards``): a question is done
+when every trajectory id the run gives it (``RunSpec.trajectory_ids``: the question's id and content and the
+settings that change answers) is committed intact and not infra-failed. Everything else is regrouped into
+shards named by what they hold, so another shard size redoes nothing, an edited question redoes only
+itself, and a damaged shard file or an infrastructure failure is redone on the next run. Rollout and eval
+runs resume by shard (``unfinished_shards``): a committed shard file is skipped.
+
+Batch mode (``BatchMode``): a provider batch takes minutes to hours whatever its size, so the ready steps
+of *all* pending shards must share each batch; the conductor writes every shard's workflows first, the
+workflows execute together wave by wave, then each shard is graded and committed as in the ordinary mode.
+A killed run resumes: committed shards are skipped, and the batches already created are polled again
+(their handles are in the batch store next to the response cache), so nothing is submitted twice.
+
+Fanned out on Dask or Ray (``fan_out_shards``), each shard is one self-contained task (tasks/shard.py)
+that builds its own runtime on its worker and runs the same stages.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from prefect import get_run_logger
 
 from conductor.pipeline import RunSpec
+from tasks.batch import execute_waves_task
 from tasks.lake import committed_task, write_shard_task
 from tasks.pipeline import execute_shard, generate_shard, plan_shard, score_shard
 
 MAX_CONDUCTOR_FAILURES = 2   # consecutive shards whose conductor endpoint failed before the run stops trying
+
+Shards = Sequence[tuple[str, Sequence[Any]]]
 
 
 @dataclass
@@ -32,9 +46,17 @@ class ShardPlan:
     current_ids: list[str] = field(default_factory=list)   # trajectory ids of the input as it is now
 
 
+@dataclass(frozen=True)
+class BatchMode:
+    """Execute every pending shard's workflows together through the providers' batch APIs."""
+
+    enabled: bool = True       # False: only the workers whose manifest says ``batch: true``
+    poll_s: float = 60.0
+
+
 def pending_shards(questions: Sequence[Any], spec: RunSpec, lake: str, shard_size: int,
                    retry_failed: bool = True) -> ShardPlan:
-    """The shards still to do; ``retry_failed=False`` leaves infra-failed questions as they are."""
+    """The shards still to do, by content; ``retry_failed=False`` leaves infra-failed questions as they are."""
     from conductor.questions import content_sharded
 
     state = committed_task(lake, spec.kind, spec.run_id)
@@ -47,32 +69,102 @@ def pending_shards(questions: Sequence[Any], spec: RunSpec, lake: str, shard_siz
                      damaged=state.damaged, current_ids=[t for q in questions for t in ids[q.id]])
 
 
-def run_shards(todo: Sequence[tuple[str, Sequence[Any]]], spec: RunSpec, lake: str, policy: Any, executor: Any,
-               on_done: Any = None, scheme: Any = None) -> int:
+def unfinished_shards(shards: Shards, spec: RunSpec, lake: str) -> list[tuple[str, Sequence[Any]]]:
+    """The shards whose file is not committed yet (rollout and eval runs resume by shard)."""
+    from conductor.lake.writer import shard_done
+
+    return [(sid, sq) for sid, sq in shards if not shard_done(lake, spec.kind, spec.run_id, sid)]
+
+
+def batch_mode(batch: bool, poll_s: float, pool: Any) -> BatchMode | None:
+    """Batch mode when ``--batch`` is on or a worker says ``batch: true``, else None (shard by shard)."""
+    if not batch and not any(getattr(w, "batch", None) for w in pool.workers):
+        return None
+    return BatchMode(enabled=batch, poll_s=poll_s)
+
+
+def run_shards(todo: Shards, spec: RunSpec, lake: str, policy: Any, executor: Any, on_done: Any = None,
+               scheme: Any = None, *, batch: BatchMode | None = None, record_failures: bool = True) -> int:
     """Run and commit each pending shard in order; returns how many trajectories were written.
 
     When the conductor's endpoint fails, the shard's questions are committed as infra-failed (a rerun
-    retries them); after ``MAX_CONDUCTOR_FAILURES`` such shards in a row, or one refused key, the remaining
-    shards are left for the rerun instead of waiting on a dead endpoint.
+    retries them; ``record_failures=False``: the error propagates instead); after ``MAX_CONDUCTOR_FAILURES``
+    such shards in a row, or one refused key, the remaining shards are left for the rerun instead of
+    waiting on a dead endpoint. With ``batch``, every generated shard executes together, in waves.
     """
-    log = get_run_logger()
-    written = failures = 0
+    tally = [0]
+    generated = _generated(todo, spec, lake, policy, on_done, tally, record_failures)
+    if batch is None:
+        for sid, sq, trajs in generated:
+            _commit(sid, sq, execute_shard(trajs, spec, executor, policy, on_done), spec, lake, scheme, tally)
+        return tally[0]
+    planned = list(generated)
+    everything = [t for _, _, trajs in planned for t in trajs]
+    if everything:
+        _execute_in_waves(everything, spec, executor, policy, on_done, batch)
+    for sid, sq, trajs in planned:
+        _commit(sid, sq, trajs, spec, lake, scheme, tally)
+    return tally[0]
+
+
+def fan_out_shards(todo: Shards, spec: RunSpec, lake: str, conductor: str, cache: str | None,
+                   limits: str | None) -> int:
+    """Each shard as one self-contained task on the flow's Dask/Ray task runner; returns trajectories written."""
+    from tasks.shard import run_shard_task
+
+    futures = [run_shard_task.submit(sq, spec, sid, lake, conductor, cache, limits) for sid, sq in todo]
+    return sum(f.result() for f in futures)
+
+
+def _generated(todo: Shards, spec: RunSpec, lake: str, policy: Any, on_done: Any, tally: list[int],
+               record_failures: bool) -> Iterator[tuple[str, Sequence[Any], list[Any]]]:
+    """Plan and generate shard after shard: (shard id, questions, trajectories) for each that generated."""
+    failures = 0
     for n, (sid, sq) in enumerate(todo):
-        trajs, error = generate_or_record(sid, sq, spec, lake, policy, on_done)
-        if error is not None:
-            written += len(trajs)
-            failures += 1
-            if failures >= MAX_CONDUCTOR_FAILURES or error.kind == "auth":
-                log.warning("%s: stopping; %d shards left for a rerun", error.kind, len(todo) - n - 1)
-                break
+        if not record_failures:
+            yield sid, sq, generate_shard(plan_shard(sq, spec, sid), policy, spec)
             continue
-        failures = 0
-        trajs = execute_shard(trajs, spec, executor, policy, on_done)
-        trajs = score_shard(trajs, sq, scheme)
-        write_shard_task(lake, trajs, sid)
-        written += len(trajs)
-        log.info("%s shard %s committed: %d trajectories", spec.kind, sid, len(trajs))
-    return written
+        trajs, error = generate_or_record(sid, sq, spec, lake, policy, on_done)
+        if error is None:
+            failures = 0
+            yield sid, sq, trajs
+            continue
+        tally[0] += len(trajs)
+        failures += 1
+        if failures >= MAX_CONDUCTOR_FAILURES or error.kind == "auth":
+            get_run_logger().warning("%s: stopping; %d shards left for a rerun", error.kind, len(todo) - n - 1)
+            return
+
+
+def _commit(sid: str, sq: Sequence[Any], trajs: list[Any], spec: RunSpec, lake: str, scheme: Any,
+            tally: list[int]) -> None:
+    trajs = score_shard(trajs, sq, scheme)
+    write_shard_task(lake, trajs, sid)
+    tally[0] += len(trajs)
+    get_run_logger().info("%s shard %s committed: %d trajectories", spec.kind, sid, len(trajs))
+
+
+def batch_executor(executor: Any, enabled: bool = True, poll_s: float = 60.0) -> Any:
+    """A ``BatchExecutor`` over the run's executor (same cache and limits), its store beside the cache."""
+    from conductor.batch.executor import BatchExecutor
+    from conductor.batch.settings import BatchSettings
+    from conductor.batch.store import BatchStore
+
+    if executor.cache is None:
+        raise ValueError("batch mode needs a response cache (its batch store lives beside it)")
+    store = BatchStore(BatchStore.beside(executor.cache.path))
+    return BatchExecutor.wrapping(executor, store, BatchSettings(enabled=enabled, poll_s=poll_s))
+
+
+def _execute_in_waves(trajs: list[Any], spec: RunSpec, executor: Any, policy: Any, on_done: Any,
+                      mode: BatchMode) -> None:
+    bex = batch_executor(executor, mode.enabled, mode.poll_s)
+    try:
+        execute_waves_task(trajs, spec, bex, policy, on_done)
+        get_run_logger().info("batch mode: %s", ", ".join(f"{k}={v}" for k, v in sorted(bex.batch_stats.items()))
+                              or "no batches")
+    finally:
+        bex.store.close()
 
 
 def generate_or_record(sid: str, sq: Sequence[Any], spec: RunSpec, lake: str, policy: Any,
