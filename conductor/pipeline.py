@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from conductor.policy.base import Generation, GenerationParams, PolicyBackend
     from conductor.questions import Question
     from conductor.reward import RewardScheme
+    from conductor.run_config import AnswerConfig, RolloutConfig
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,16 @@ class RunSpec:
     # rerun after an edit or a settings change recognises stale rows instead of keeping them.
     settings_key: str = ""
     date: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).date().isoformat())
+
+    @classmethod
+    def of(cls, config: "AnswerConfig | RolloutConfig", pool: Pool, checkpoint_id: str,
+           settings_key: str = "") -> "RunSpec":
+        """A run's configuration plus its resolved objects: the pool (embedded URLs resolved to the running
+        servers) and the checkpoint id the conductor spec stands for."""
+        if config.run_id is None:
+            raise ValueError("RunSpec.of: resolve the run id first (conductor.preflight.prepare_answer)")
+        return cls(run_id=config.run_id, kind=config.kind, pool=pool, checkpoint_id=checkpoint_id,
+                   settings_key=settings_key, **config.pipeline_settings())
 
     def subpool_for(self, question_id: str) -> SubPool:
         """Seeded per question, so every sample in a GRPO group sees the same pool and reruns agree."""

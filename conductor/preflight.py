@@ -1,16 +1,14 @@
 """Check a run's inputs before anything starts: one plain function the CLI calls before Prefect starts and
 the flow calls again, so a mistake is one ``error:`` line at once, never a traceback after minutes of work.
 
-``prepare_answer`` resolves everything an answer run needs (questions, pool, conductor checkpoint, few-shot
-policy, sub-pool size, run id, output, lake and cache paths) and the key of the settings that change
-answers; ``RunSpec.settings_key`` folds that key into every trajectory id, which is what makes a rerun
-resume by content.
+``prepare_answer`` checks an ``AnswerConfig`` and resolves everything an answer run needs (questions, pool,
+conductor checkpoint, few-shot policy, sub-pool size, run id, output, lake and cache paths) and the key of
+the settings that change answers (``AnswerConfig.settings_key``); ``RunSpec.settings_key`` folds that key
+into every trajectory id, which is what makes a rerun resume by content.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import tempfile
@@ -20,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from conductor.pool import Pool
+    from conductor.run_config import AnswerConfig
     from conductor.questions import Question
 
 
@@ -31,17 +30,12 @@ class UsageError(ValueError):
 class AnswerInputs:
     """What an answer run works from, every part checked."""
 
+    config: "AnswerConfig"   # resolved: run id, lake, cache, few-shot policy, temperature and grammar filled in
     questions: list["Question"]
     pool: "Pool"
     checkpoint: str
-    constrained: bool
-    fewshot: str             # "auto" resolved: the informed prompt for the untrained embedded conductor
-    temperature: float       # None resolved: greedy for the untrained embedded conductor, else 0.7
-    run_id: str
     settings_key: str
     out: Path
-    lake: str
-    cache: str
 
 
 def first_line(e: BaseException) -> str:
@@ -52,53 +46,42 @@ def first_line(e: BaseException) -> str:
     return redact(text.splitlines()[0] if text else type(e).__name__)
 
 
-def settings_key(*settings: Any) -> str:
-    """Hash of the settings that change answers (pool fingerprint, checkpoint, sampling, ...)."""
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def derive_run_id(questions: str, key: str) -> str:
-    """Same question set and settings, same run id: that is what makes a rerun resume instead of starting
-    over. The limit is not part of it (a larger ``--limit`` adds to the run), nor is the shard size."""
-    return "answer-" + hashlib.sha256(json.dumps([questions.strip(), key]).encode()).hexdigest()[:12]
-
-
-def prepare_answer(questions: str, out: str | os.PathLike[str], pool: str | os.PathLike[str], conductor: str = "auto",
-                   samples: int = 1, recursion_depth: int = 0, limit: int | None = None, shard_size: int = 5,
-                   k: int | None = None, seed: int = 0, temperature: float | None = None, max_tokens: int = 768,
-                   run_id: str | None = None, cache: str | None = None, lake: str | None = None,
-                   fewshot: str = "auto", constrained: bool | None = None, max_steps: int = 5) -> AnswerInputs:
+def prepare_answer(config: "AnswerConfig") -> AnswerInputs:
     """Every check an answer run needs, cheapest first; UsageError (one line) on the first mistake."""
-    check_numbers(samples=samples, recursion_depth=recursion_depth, limit=limit, shard_size=shard_size,
-                  temperature=0.0 if temperature is None else temperature, max_tokens=max_tokens, max_steps=max_steps)
-    if fewshot != "auto":
-        check_fewshot(fewshot)
-    if run_id is not None:
-        check_run_id(run_id)
-    manifest = check_pool(pool)
-    check_k(k, manifest, conductor)
-    checkpoint = check_conductor(conductor, manifest, max_steps)
-    qs = check_questions(questions, limit)
-    out_dir = Path(out)
+    c = config
+    check_numbers(samples=c.samples, recursion_depth=c.recursion_depth, limit=c.limit, shard_size=c.shard_size,
+                  temperature=0.0 if c.temperature is None else c.temperature, max_tokens=c.max_tokens,
+                  max_steps=c.max_steps)
+    if c.fewshot != "auto":
+        check_fewshot(c.fewshot)
+    if c.run_id is not None:
+        check_run_id(c.run_id)
+    manifest = check_pool(c.pool)
+    check_k(c.k, manifest, c.conductor)
+    checkpoint = check_conductor(c.conductor, manifest, c.max_steps)
+    qs = check_questions(c.questions, c.limit)
+    out_dir = Path(c.out)
     check_writable_dir(out_dir, "--out")
-    lake = lake or str(out_dir / "lake")
+    lake = c.lake or str(out_dir / "lake")
     if "://" not in lake or lake.startswith("file://"):
         check_writable_dir(Path(lake.removeprefix("file://")), "--lake")
-    cache = cache or str(out_dir / "cache.sqlite")
+    cache = c.cache or str(out_dir / "cache.sqlite")
     check_file_path(Path(cache), "--cache")
-    if constrained is None:   # the untrained embedded conductor writes prose too often without the grammar
-        constrained = checkpoint.startswith("embedded:")
     from conductor.prompts import resolve_fewshot
 
-    fewshot = resolve_fewshot(fewshot, checkpoint)   # the informed prompt for the untrained embedded conductor
-    if temperature is None:   # an untrained 1.5B samples garbled workflows at 0.7 (measured); its greedy one is its best
-        temperature = 0.0 if checkpoint.startswith("embedded:") else 0.7
-    key = settings_key(manifest.id, manifest.fingerprint, checkpoint, samples, recursion_depth, k, seed,
-                       temperature, max_tokens, fewshot, constrained, max_steps)
-    return AnswerInputs(questions=qs, pool=manifest, checkpoint=checkpoint, constrained=constrained, fewshot=fewshot,
-                        temperature=temperature,
-                        run_id=run_id or derive_run_id(questions, key), settings_key=key, out=out_dir, lake=lake,
-                        cache=cache)
+    embedded = checkpoint.startswith("embedded:")
+    resolved = c.model_copy(update={
+        "lake": lake, "cache": cache,
+        # the untrained embedded conductor writes prose too often without the grammar
+        "constrained": embedded if c.constrained is None else c.constrained,
+        # the informed prompt for the untrained embedded conductor
+        "fewshot": resolve_fewshot(c.fewshot, checkpoint),
+        # an untrained 1.5B samples garbled workflows at 0.7 (measured); its greedy one is its best
+        "temperature": (0.0 if embedded else 0.7) if c.temperature is None else c.temperature})
+    key = resolved.settings_key(manifest, checkpoint)
+    resolved = resolved.model_copy(update={"run_id": c.run_id or resolved.derive_run_id(key)})
+    return AnswerInputs(config=resolved, questions=qs, pool=manifest, checkpoint=checkpoint, settings_key=key,
+                        out=out_dir)
 
 
 def check_numbers(**values: Any) -> None:

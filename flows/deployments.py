@@ -204,8 +204,39 @@ def load_flow(spec: DeploymentSpec) -> Any:
     return obj
 
 
+def config_model(flow_obj: Any) -> Any:
+    """The run configuration class a flow takes as its one ``config`` parameter (conductor/run_config.py), or
+    None for a flow with plain parameters. A deployment's parameters stay flat either way: they are the
+    configuration's fields, validated here and passed as ``config``."""
+    import typing
+
+    from conductor.run_config import RunConfig
+
+    sig = inspect.signature(flow_obj.fn)
+    if list(sig.parameters) != ["config"]:
+        return None
+    hint = typing.get_type_hints(flow_obj.fn).get("config")
+    return hint if isinstance(hint, type) and issubclass(hint, RunConfig) else None
+
+
+def flow_parameters(spec: DeploymentSpec) -> dict[str, Any]:
+    """The parameters as the flow takes them: nested under ``config`` for a flow that takes a run configuration."""
+    return {"config": dict(spec.parameters)} if config_model(load_flow(spec)) is not None else dict(spec.parameters)
+
+
 def check_parameters(spec: DeploymentSpec, flow_obj: Any) -> None:
     """Fail early, naming the parameter, instead of at the first scheduled run in the night."""
+    model = config_model(flow_obj)
+    if model is not None:
+        from conductor.run_config import ConfigError
+
+        flags = {name: f"parameter {name!r}" for name in spec.parameters}
+        try:
+            model.build(given=spec.parameters, flags=flags)
+        except ConfigError as e:
+            raise DeploymentConfigError(f"deployment {spec.name}: {e} (set it with --param "
+                                        f"{spec.name}.NAME=VALUE)") from None
+        return
     sig = inspect.signature(flow_obj.fn)
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
     unknown = [k for k in spec.parameters if k not in sig.parameters and not accepts_any]
@@ -234,7 +265,7 @@ def to_runner_deployment(spec: DeploymentSpec) -> "RunnerDeployment":
 
         schedule["schedules"] = [Cron(spec.cron, timezone=spec.timezone)]
     try:
-        return flow_obj.to_deployment(name=spec.name, description=spec.description, parameters=spec.parameters,
+        return flow_obj.to_deployment(name=spec.name, description=spec.description, parameters=flow_parameters(spec),
                                       tags=list(spec.tags), entrypoint_type=EntrypointType.MODULE_PATH, **schedule)
     except ValueError as e:
         raise DeploymentConfigError(f"deployment {spec.name}: {str(e).splitlines()[0]}") from None
@@ -270,7 +301,7 @@ def prefect_yaml(specs: Sequence[DeploymentSpec]) -> str:
                                  else {"cron": s.cron, "timezone": s.timezone})
         deployments.append({
             "name": s.name, "entrypoint": s.entrypoint, "description": s.description, "tags": list(s.tags),
-            "parameters": dict(s.parameters), "schedules": [sched] if (s.cron or s.interval_s) else [],
+            "parameters": flow_parameters(s), "schedules": [sched] if (s.cron or s.interval_s) else [],
             "work_pool": {"name": s.work_pool, "work_queue_name": "default", "job_variables": dict(s.job_variables)},
         })
     doc = {

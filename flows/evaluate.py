@@ -6,7 +6,6 @@ as JSON next to them.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -14,15 +13,8 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 
+from conductor.run_config import RolloutConfig, eval_run_id
 from flows.rollout import rollout_flow
-
-
-def eval_run_id(checkpoint_id: str, *config: Any) -> str:
-    """Deterministic: re-evaluating the same checkpoint on the same config resumes (and the champion's
-    evaluation is reused across nights)."""
-    digest = hashlib.sha256(json.dumps([checkpoint_id, *config], default=str).encode()).hexdigest()[:12]
-    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in checkpoint_id)[-40:]
-    return f"eval-{safe}-{digest}"
 
 
 @task(name="compare-candidate-champion", cache_policy=NONE)
@@ -74,10 +66,10 @@ def evaluate_flow(candidate: str, champion: str, questions: str, pool: str, lake
         runs = {}
         for spec, cid in ((candidate, cand_id), (champion, champ_id)):
             run = eval_run_id(cid, *config)
-            rollout_flow(questions=questions, lake=lake, pool=pool_path, conductor=spec, run_id=run,
-                         group_size=samples, k=kk, seed=seed, temperature=temperature, max_tokens=max_tokens,
-                         limit=limit, shard_size=shard_size, cache=cache, kind="eval", checkpoint_id=cid,
-                         fewshot=fewshot, limits=limits)
+            rollout_flow(RolloutConfig(questions=questions, lake=lake, pool=pool_path, conductor=spec, run_id=run,
+                                       group_size=samples, k=kk, seed=seed, temperature=temperature,
+                                       max_tokens=max_tokens, limit=limit, shard_size=shard_size, cache=cache,
+                                       kind="eval", checkpoint_id=cid, fewshot=fewshot, limits=limits))
             runs[cid] = run
         report = compare_runs(lake, runs[cand_id], runs[champ_id], cand_id, champ_id, seed=seed)
         reports[name] = report

@@ -3,232 +3,177 @@ rollouts -> GRPO, evaluate the result against the champion (and every single wor
 significantly better, and write a report. A budget (calls, dollars, hours) stops it cleanly between stages;
 rerunning the same night resumes (committed shards and saved checkpoints are reused).
 
-    python -m flows.nightly --help
+The flow only sequences subflows; every decision is a plain function in conductor/nightly.py.
+
+    conductor nightly --help
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import time
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.evaluate import eval_run_id, evaluate_flow
+from conductor.nightly import (Night, baseline_rollouts, budget_stop, checkpoint_lineage, decision_record,
+                               ensure_champion, iteration_id, iteration_record, iteration_rollout, night_status,
+                               plan_night, policy_spec, retrain_reason, tracking_settings)
+from conductor.run_config import NightlyConfig
+from flows.evaluate import evaluate_flow
 from flows.rollout import rollout_flow
 from flows.train import train_flow
 
 
+@flow(name="conductor-nightly", persist_result=False)
+def nightly_flow(config: NightlyConfig) -> dict[str, Any]:
+    """One night (conductor/run_config.py: ``NightlyConfig``): ``base`` is the checkpoint to start from when
+    there is no champion; ``backend`` samples rollouts from a checkpoint (``vllm`` on GPU nodes);
+    ``tracking_uri``: MLflow for the per-iteration metrics, one run per night (``"none"``: off);
+    ``conductor_format``: a decoding contract written next to the base's HF copy, so every rollout, evaluation
+    and answer with it and its descendants decodes under that grammar; ``limits``: the store its rollouts and
+    evaluations share provider limits through (flows/rollout.py)."""
+    from conductor.pool import load_pool
+    from conductor.questionset import check_disjoint, load_questions
+    from conductor.registry import Registry
+
+    log = get_run_logger()
+    night = plan_night(config)
+    check_disjoint(load_questions(config.train_questions), load_questions(config.eval_questions))
+    reg, manifest = Registry.open(night.registry), load_pool(config.pool)
+    champion = ensure_champion(reg, _base(config, night), manifest)
+    retrain, why = retrain_reason(champion, manifest, config.force)
+    log.info("night %s: %s", night.tag, why)
+    if not retrain:
+        return _skipped(night, manifest, why)
+    iterations, current, stopped = _train(config, night, reg, champion, manifest)
+    if stopped:
+        log.warning("night %s stopped: %s", night.tag, stopped)
+        return _report(config, night, manifest, why, iterations, stopped=stopped)
+    if not (iterations and iterations[-1].get("checkpoint_id")):
+        return _report(config, night, manifest, why, iterations)
+    evaluation = evaluate_flow(candidate=policy_spec(config, current), champion=policy_spec(config, champion.uri),
+                               questions=config.eval_questions, pool=config.pool, lake=night.lake,
+                               out=str(night.reports), samples=config.eval_samples, seed=config.seed,
+                               max_tokens=config.max_tokens, k=config.k, heldout_workers=config.heldout_workers,
+                               limit=config.eval_limit, cache=night.cache, shard_size=config.shard_size,
+                               candidate_id=iterations[-1]["checkpoint_id"], champion_id=champion.checkpoint_id,
+                               fewshot=config.fewshot, limits=config.limits)
+    decision, points, eval_run = _promote(config, night, reg, champion, manifest, evaluation)
+    return _report(config, night, manifest, why, iterations, evaluation=evaluation, decision=decision,
+                   points=points, eval_run=eval_run)
 
 
-def _save_json(path: Path, data: dict[str, Any]) -> None:
+def _base(config: NightlyConfig, night: Night) -> str:
+    """The base checkpoint, with the night's decoding contract written next to its HF copy when one is set."""
+    if not config.conductor_format:
+        return config.base
+    from conductor.grpo.format import ConductorFormat
+    from conductor.grpo.checkpoint import formatted_base
+
+    return str(formatted_base(config.base, ConductorFormat.from_json(config.conductor_format), night.work / "base"))
+
+
+def _train(config: NightlyConfig, night: Night, reg: Any, champion: Any,
+           manifest: Any) -> tuple[list[dict[str, Any]], str, str | None]:
+    """K iterations of rollouts -> GRPO step from the champion; (iterations, last checkpoint, why stopped)."""
+    tracking = tracking_settings(config, night, get_run_logger().warning)
+    current, current_id = champion.uri, champion.checkpoint_id
+    its: list[dict[str, Any]] = []
+    history: list[dict[str, Any]] = []
+    stopped = None
+    for i in range(config.iterations):
+        run_id = iteration_id(night, i)
+        it = iteration_record(i, run_id, rollout_flow(iteration_rollout(config, night, i, current, current_id)))
+        its.append(it)
+        if (stopped := budget_stop(config, night)):
+            break
+        trained = train_flow(base=current, lake=night.lake, run_id=run_id, out=str(night.work / "checkpoints" / run_id),
+                             checkpoint_id=run_id, config=config.grpo, reference=champion.uri, tracking=tracking,
+                             step=i + 1)
+        _continue_tracking(tracking, trained, night)
+        history.append({**trained["metrics"], "iteration": i + 1})
+        if run_id not in reg.backend.checkpoints():
+            from conductor.registry import read_lineage
+
+            reg.register(trained["uri"], lineage=checkpoint_lineage(read_lineage(trained["uri"]), manifest, night),
+                         checkpoint_id=run_id)
+        it.update(checkpoint_id=run_id, loss=trained["metrics"].get("loss"))
+        current, current_id = trained["uri"], run_id
+        if (stopped := budget_stop(config, night)):
+            break
+    _plot_curves(history, night, tracking)
+    return its, current, stopped
+
+
+def _continue_tracking(tracking: dict[str, Any] | None, trained: dict[str, Any], night: Night) -> None:
+    """The next iteration logs into the same MLflow run; a rerun of the night finds it in mlflow.json."""
+    if tracking is None or not trained.get("mlflow_run_id"):
+        return
     import json
 
     from conductor.summary import atomic_write_text
 
-    atomic_write_text(path, json.dumps(data, indent=1))
+    tracking["run_id"] = trained["mlflow_run_id"]
+    atomic_write_text(night.reports / "mlflow.json",
+                      json.dumps({"tracking_uri": tracking["uri"], "run_id": tracking["run_id"]}, indent=1))
 
 
-def _tracking(tracking_uri: str | None, work: Path, night: str, reports: Path, log: Any) -> dict[str, Any] | None:
-    """MLflow settings for this night's run (one run per night; a rerun continues it), or None."""
-    import importlib.util
-    import json
+def _plot_curves(history: list[dict[str, Any]], night: Night, tracking: dict[str, Any] | None) -> None:
+    if not history:
+        return
+    from conductor.grpo.tracking import MetricsTracker, plot_curves
 
-    from conductor.grpo.tracking import default_tracking_uri
-
-    if tracking_uri == "none":
-        return None
-    if importlib.util.find_spec("mlflow") is None:
-        if tracking_uri:
-            raise ValueError(f"tracking_uri {tracking_uri!r}: mlflow is not installed (install the 'mlflow' extra)")
-        log.warning("mlflow is not installed: per-iteration metrics go to the report only")
-        return None
-    saved = reports / "mlflow.json"
-    uri = tracking_uri or default_tracking_uri(work)
-    tracking: dict[str, Any] = {"uri": uri, "experiment": "conductor-nightly", "run_name": f"nightly-{night}"}
-    if saved.is_file():
-        prev = json.loads(saved.read_text())
-        if prev.get("tracking_uri") == uri:
-            tracking["run_id"] = prev.get("run_id")
-    return tracking
+    curves = plot_curves(history, night.reports / "training-curves.png", title=f"nightly {night.tag}: GRPO")
+    if tracking is not None and tracking.get("run_id"):
+        MetricsTracker(tracking["uri"], run_id=tracking["run_id"]).log_artifact(curves)
 
 
-def night_usage(lake: str, night: str) -> dict[str, float]:
-    """Calls and dollars spent by this night's runs so far (read from the lake, so resumes count too)."""
-    import polars as pl
-
-    from conductor.lake.reader import scan
-
-    df = scan(lake, "trajectories").filter(pl.col("run_id").str.contains(f"nightly-{night}-", literal=True)).select(
-        pl.col("n_calls").sum().alias("calls"), pl.col("cost_usd").sum().alias("dollars")).collect()
-    row = df.to_dicts()[0] if df.height else {}
-    return {"calls": float(row.get("calls") or 0), "dollars": float(row.get("dollars") or 0.0)}
-
-
-def over_budget(usage: dict[str, float], started: float, max_calls: int | None, max_dollars: float | None,
-                max_hours: float | None) -> str | None:
-    """Why the night must stop now, or None.
-
-    >>> over_budget({"calls": 120, "dollars": 0.5}, time.time(), 100, None, None)
-    'call budget reached: 120 >= 100'
-    """
-    if max_calls is not None and usage["calls"] >= max_calls:
-        return f"call budget reached: {usage['calls']:.0f} >= {max_calls}"
-    if max_dollars is not None and usage["dollars"] >= max_dollars:
-        return f"dollar budget reached: ${usage['dollars']:.4f} >= ${max_dollars}"
-    if max_hours is not None and (time.time() - started) / 3600 >= max_hours:
-        return f"time budget reached: {(time.time() - started) / 3600:.2f} h >= {max_hours} h"
-    return None
-
-
-@flow(name="conductor-nightly", persist_result=False)
-def nightly_flow(pool: str, train_questions: str, eval_questions: str, work_dir: str, base: str,
-                 registry: str | None = None, night: str | None = None, iterations: int = 2,
-                 questions_per_iteration: int = 4, group_size: int = 8, k: int | None = None, seed: int = 0,
-                 eval_samples: int = 2, eval_limit: int | None = None, max_tokens: int = 1024,
-                 grpo: dict[str, Any] | None = None, heldout_workers: list[str] | None = None,
-                 baselines: bool = True, force: bool = False, max_calls: int | None = None,
-                 max_dollars: float | None = None, max_hours: float | None = None,
-                 promotion: dict[str, Any] | None = None, shard_size: int = 4,
-                 backend: str = "transformers", lake: str | None = None, fewshot: str = "ood",
-                 tracking_uri: str | None = None, conductor_format: dict[str, Any] | None = None,
-                 limits: str | None = None) -> dict[str, Any]:
-    """``base``: the checkpoint to start from when there is no champion (directory, .gguf or s3:// URL);
-    ``backend``: the policy backend that samples rollouts from a checkpoint (``vllm`` on GPU nodes);
-    ``lake``: where trajectories go (default WORK_DIR/lake; a local path or s3://).
-    ``tracking_uri``: MLflow tracking for the per-iteration metrics, one run per night (default
-    ``$MLFLOW_TRACKING_URI`` or a file store at WORK_DIR/mlruns; ``"none"`` turns it off; skipped with a
-    warning when mlflow is not installed); the curves are also drawn to the night's report directory.
-    ``conductor_format``: a decoding contract for the base (``conductor.grpo.format``: subtask vocabulary,
-    steps, plan line) written next to its HF copy, so every rollout, evaluation and answer with it and its
-    trained descendants decodes under that grammar (how an untrained small conductor gets a learning signal).
-    ``limits``: the store its rollouts and evaluations share provider limits through (flows/rollout.py)."""
-    from prefect.artifacts import create_markdown_artifact
-
+def _promote(config: NightlyConfig, night: Night, reg: Any, champion: Any, manifest: Any,
+             evaluation: dict[str, Any]) -> tuple[dict[str, Any], list[Any], str]:
+    """Promote if significantly better; (decision, accuracy-per-dollar points, the candidate's eval run)."""
     from conductor.evaluation import EvalReport
-    from conductor.nightly_report import Point, render_nightly_report
-    from conductor.pool import load_pool
-    from conductor.questionset import check_disjoint, load_questions
-    from conductor.registry import PromotionPolicy, Registry, read_lineage
+    from conductor.nightly_report import Point
+    from conductor.registry import PromotionPolicy
     from conductor.summary import run_summary
 
-    log = get_run_logger()
+    report = EvalReport.from_json(evaluation["reports"]["main"])
+    decision = decision_record(reg.promote_if_better(report.candidate_id, report,
+                                                     PromotionPolicy(**(config.promotion or {}))))
+    get_run_logger().info("promotion: %s", decision)
+    runs = evaluation["runs"]["main"]
+    points = []
+    for label, cid, kind in ((report.candidate_id, report.candidate_id, "candidate"),
+                             (champion.checkpoint_id, report.champion_id, "champion")):
+        s, _ = run_summary(night.lake, runs[cid], "eval")
+        points.append(Point(label, s["accuracy"], s["dollars_per_question"], kind))
+    for name, baseline in (baseline_rollouts(config, night, manifest) if config.baselines else []):
+        rollout_flow(baseline)
+        s, _ = run_summary(night.lake, baseline.run_id, "eval")
+        points.append(Point(name, s["accuracy"], s["dollars_per_question"], "worker"))
+    return decision, points, runs[report.candidate_id]
 
-    def _spec(uri: str) -> str:
-        return f"{backend}:{uri}"
 
-    started = time.time()
-    night = night or _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d")
-    work = Path(work_dir)
-    lake, cache = lake or str(work / "lake"), str(work / "cache.sqlite")
-    reports = work / "reports" / night
-    check_disjoint(load_questions(train_questions), load_questions(eval_questions))
-    reg = Registry.open(registry or str(work / "registry"))
-    manifest = load_pool(pool)
-    fp = manifest.fingerprint
+def _skipped(night: Night, manifest: Any, why: str) -> dict[str, Any]:
+    """Nothing to retrain: the report says why, nothing else."""
+    from conductor.nightly_report import render_nightly_report
 
-    if conductor_format:
-        from conductor.grpo.format import ConductorFormat
-        from conductor.grpo.checkpoint import formatted_base
+    path = render_nightly_report(night.reports, pool_id=manifest.id, decision=None, why=why, iterations=[],
+                                 evaluation=None, points=[])
+    return {"night": night.tag, "status": "skipped", "why": why, "report": str(path)}
 
-        base = str(formatted_base(base, ConductorFormat.from_json(conductor_format), work / "base"))
-    champion = reg.champion
-    if champion is None:  # the untrained base is the first champion: a candidate must beat it to replace it
-        entry = reg.register(base, lineage={"pool_id": manifest.id, "pool_fingerprint": None, "role": "base"},
-                             checkpoint_id="base")
-        reg.promote(entry.checkpoint_id, reason="initial champion: the untrained base model")
-        champion = reg.champion
-    assert champion is not None
-    trained_on = champion.lineage.get("pool_fingerprint")
-    if trained_on == fp and not force:
-        why = f"pool {manifest.id} (fingerprint {fp}) is unchanged since champion {champion.checkpoint_id} was trained: nothing to retrain"
-        log.info(why)
-        path = render_nightly_report(reports, pool_id=manifest.id, decision=None, why=why, iterations=[],
-                                     evaluation=None, points=[])
-        return {"night": night, "status": "skipped", "why": why, "report": str(path)}
-    why = (f"no trained champion yet: training from the base model {champion.checkpoint_id}" if trained_on is None and
-           champion.lineage.get("role") == "base" else
-           f"pool {manifest.id} changed (champion {champion.checkpoint_id} trained on {trained_on}, now {fp})"
-           if trained_on != fp else f"forced retraining on unchanged pool {manifest.id}")
-    log.info("night %s: %s", night, why)
 
-    current, current_id = champion.uri, champion.checkpoint_id
-    its: list[dict[str, Any]] = []
-    stopped = None
-    tracking = _tracking(tracking_uri, work, night, reports, log)
-    metrics_history: list[dict[str, Any]] = []
-    for i in range(iterations):
-        run_id = f"nightly-{night}-it{i}"
-        roll = rollout_flow(questions=train_questions, lake=lake, pool=pool, conductor=_spec(current), run_id=run_id,
-                            group_size=group_size, k=k, seed=seed + i, max_tokens=max_tokens,
-                            limit=questions_per_iteration, offset=i * questions_per_iteration, shard_size=shard_size,
-                            cache=cache, checkpoint_id=current_id, fewshot=fewshot, limits=limits)
-        it = {"iteration": i, "run_id": run_id, "trajectories": roll["trajectories"],
-              "mean_reward": roll["mean_reward"], "accuracy": roll["accuracy"]}
-        if (stopped := over_budget(night_usage(lake, night), started, max_calls, max_dollars, max_hours)):
-            its.append(it)
-            break
-        ckpt_id = f"nightly-{night}-it{i}"
-        out = str(work / "checkpoints" / ckpt_id)
-        trained = train_flow(base=current, lake=lake, run_id=run_id, out=out, checkpoint_id=ckpt_id, config=grpo,
-                             reference=champion.uri, tracking=tracking, step=i + 1)
-        if tracking is not None and trained.get("mlflow_run_id"):
-            tracking["run_id"] = trained["mlflow_run_id"]
-            _save_json(reports / "mlflow.json", {"tracking_uri": tracking["uri"], "run_id": tracking["run_id"]})
-        metrics_history.append({**trained["metrics"], "iteration": i + 1})
-        lineage = {**read_lineage(trained["uri"]), "pool_id": manifest.id, "pool_fingerprint": fp, "night": night}
-        if ckpt_id not in reg.backend.checkpoints():
-            reg.register(trained["uri"], lineage=lineage, checkpoint_id=ckpt_id)
-        it.update(checkpoint_id=ckpt_id, loss=trained["metrics"].get("loss"))
-        its.append(it)
-        current, current_id = trained["uri"], ckpt_id
-        if (stopped := over_budget(night_usage(lake, night), started, max_calls, max_dollars, max_hours)):
-            break
+def _report(config: NightlyConfig, night: Night, manifest: Any, why: str, iterations: list[dict[str, Any]],
+            evaluation: dict[str, Any] | None = None, decision: dict[str, Any] | None = None,
+            points: list[Any] | None = None, eval_run: str | None = None, stopped: str | None = None) -> dict[str, Any]:
+    """Write the morning-after report (and a Prefect artifact of it); the flow's result."""
+    from prefect.artifacts import create_markdown_artifact
 
-    if metrics_history:
-        from conductor.grpo.tracking import plot_curves
+    from conductor.nightly_report import render_nightly_report
 
-        curves = plot_curves(metrics_history, reports / "training-curves.png", title=f"nightly {night}: GRPO")
-        if tracking is not None and tracking.get("run_id"):
-            from conductor.grpo.tracking import MetricsTracker
-
-            MetricsTracker(tracking["uri"], run_id=tracking["run_id"]).log_artifact(curves)
-    decision = evaluation = None
-    points: list[Point] = []
-    eval_run = None
-    candidate_id = its[-1].get("checkpoint_id") if its else None
-    if stopped:
-        log.warning("night %s stopped: %s", night, stopped)
-    elif candidate_id:
-        evaluation = evaluate_flow(candidate=_spec(current), champion=_spec(champion.uri), questions=eval_questions,
-                                   pool=pool, lake=lake, out=str(reports), samples=eval_samples, seed=seed,
-                                   max_tokens=max_tokens, k=k, heldout_workers=heldout_workers, limit=eval_limit,
-                                   cache=cache, shard_size=shard_size, candidate_id=candidate_id,
-                                   champion_id=champion.checkpoint_id, fewshot=fewshot, limits=limits)
-        report = EvalReport.from_json(evaluation["reports"]["main"])
-        d = reg.promote_if_better(candidate_id, report, PromotionPolicy(**(promotion or {})))
-        decision = {"promote": d.promote, "reason": d.reason, "candidate_id": d.candidate_id,
-                    "champion_id": d.champion_id, "p_value": d.p_value, "diff": d.diff, "regressions": d.regressions}
-        log.info("promotion: %s", decision)
-        runs = evaluation["runs"]["main"]
-        eval_run = runs[report.candidate_id]
-        for label, cid, kind in ((candidate_id, report.candidate_id, "candidate"),
-                                 (champion.checkpoint_id, report.champion_id, "champion")):
-            s, _ = run_summary(lake, runs[cid], "eval")
-            points.append(Point(label, s["accuracy"], s["dollars_per_question"], kind))
-        if baselines:
-            for i, w in enumerate(manifest.workers):
-                run = eval_run_id(f"fixed:{i}", eval_questions, eval_limit, pool, eval_samples, seed)
-                rollout_flow(questions=eval_questions, lake=lake, pool=pool, conductor=f"fixed:{i}", run_id=run,
-                             group_size=eval_samples, seed=seed, limit=eval_limit, shard_size=shard_size,
-                             cache=cache, kind="eval", checkpoint_id=f"fixed:{i}", limits=limits)
-                s, _ = run_summary(lake, run, "eval")
-                points.append(Point(w.name, s["accuracy"], s["dollars_per_question"], "worker"))
-    path = render_nightly_report(reports, pool_id=manifest.id, decision=decision, why=why, iterations=its,
-                                 evaluation=evaluation["reports"] if evaluation else None, points=points, lake=lake, eval_run=eval_run, stopped=stopped)
+    path = render_nightly_report(night.reports, pool_id=manifest.id, decision=decision, why=why, iterations=iterations,
+                                 evaluation=evaluation["reports"] if evaluation else None, points=points or [],
+                                 lake=night.lake, eval_run=eval_run, stopped=stopped)
     text = path.read_text(encoding="utf-8")
-    create_markdown_artifact(key=f"nightly-{night}".lower(), markdown=text[:100_000], description=f"Nightly run {night}")
-    status = "stopped" if stopped else ("promoted" if decision and decision["promote"] else "challenger")
-    return {"night": night, "status": status, "why": why, "stopped": stopped, "iterations": its,
-            "decision": decision, "report": str(path)}
+    create_markdown_artifact(key=f"nightly-{night.tag}".lower(), markdown=text[:100_000],
+                             description=f"Nightly run {night.tag}")
+    return {"night": night.tag, "status": night_status(stopped, decision), "why": why, "stopped": stopped,
+            "iterations": iterations, "decision": decision, "report": str(path)}

@@ -14,7 +14,8 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.answer import DEFAULT_POOL, answer_flow
+from conductor.run_config import DEFAULT_POOL, AnswerConfig
+from flows.answer import answer_flow
 
 
 def dated_out(out_root: str, scheduled: Any) -> str:
@@ -52,7 +53,7 @@ def scheduled_answer_flow(questions: str, out_root: str, pool: str = DEFAULT_POO
         log.info("provider keys from Secret blocks: %s", ", ".join(exported))
     out = dated_out(out_root, flow_run.scheduled_start_time if flow_run.id else None)
     log.info("scheduled answering of %s into %s", questions, out)
-    return answer_flow(questions=questions, out=out, pool=pool, conductor=conductor, samples=samples,
-                       recursion_depth=recursion_depth, limit=limit, shard_size=shard_size, k=k, seed=seed,
-                       temperature=temperature, max_tokens=max_tokens, show_progress=False, batch=batch,
-                       batch_poll_s=batch_poll_s)
+    return answer_flow(AnswerConfig(questions=questions, out=out, pool=pool, conductor=conductor, samples=samples,
+                                    recursion_depth=recursion_depth, limit=limit, shard_size=shard_size, k=k,
+                                    seed=seed, temperature=temperature, max_tokens=max_tokens, show_progress=False,
+                                    batch=batch, batch_poll_s=batch_poll_s))

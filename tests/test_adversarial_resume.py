@@ -29,11 +29,12 @@ def write_questions(path: Path, n: int, edits: dict[int, tuple[str, str]] | None
 
 
 def answer(qfile: Path, out: Path, **kw):
+    from conductor.run_config import AnswerConfig
     from flows.answer import answer_flow
 
     kw.setdefault("pool", SIM_POOL)
     kw.setdefault("conductor", "fixed:0")
-    return answer_flow(questions=str(qfile), out=str(out), show_progress=False, **kw)
+    return answer_flow(AnswerConfig(questions=str(qfile), out=str(out), show_progress=False, **kw))
 
 
 def answers(out: Path) -> list[dict]:

@@ -31,11 +31,12 @@ def questions_file(tmp_path):
 
 
 def test_answer_flow_writes_lake_answers_report_and_resumes(tmp_path, questions_file):
+    from conductor.run_config import AnswerConfig
     from flows.answer import answer_flow
 
     out = tmp_path / "out"
-    s1 = answer_flow(questions=str(questions_file), out=str(out), pool=SIM_POOL, conductor="fixed:0",
-                     shard_size=3, show_progress=False)
+    s1 = answer_flow(AnswerConfig(questions=str(questions_file), out=str(out), pool=SIM_POOL, conductor="fixed:0",
+                                  shard_size=3, show_progress=False))
     assert s1["questions"] == 7 and s1["trajectories"] == 7 and s1["graded"] == 7
     assert s1["parse_failures"] == 0 and s1["infra_failures"] == 0
     assert s1["calls_per_question"] == 1.0 and s1["dollars_per_question"] > 0
@@ -49,8 +50,8 @@ def test_answer_flow_writes_lake_answers_report_and_resumes(tmp_path, questions_
 
     # a crash before the last shard was committed: its file is missing; the rerun redoes only that shard
     shard_files[-1].unlink()
-    s2 = answer_flow(questions=str(questions_file), out=str(out), pool=SIM_POOL, conductor="fixed:0",
-                     shard_size=3, show_progress=False)
+    s2 = answer_flow(AnswerConfig(questions=str(questions_file), out=str(out), pool=SIM_POOL, conductor="fixed:0",
+                                  shard_size=3, show_progress=False))
     df = scan(lake).collect()
     assert df.height == 7 and df["trajectory_id"].n_unique() == 7
     assert s2["accuracy"] == s1["accuracy"]

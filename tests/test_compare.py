@@ -109,6 +109,7 @@ def test_read_mode_reproduces_the_run_mode_table(ran, tmp_path):
 
 
 def test_a_free_pool_is_plotted_against_seconds(tmp_path):
+    from conductor.run_config import AnswerConfig
     from flows.answer import answer_flow
 
     pool = tmp_path / "free.yaml"
@@ -118,8 +119,8 @@ def test_a_free_pool_is_plotted_against_seconds(tmp_path):
     lake = str(tmp_path / "lake")
     runs = []
     for spec in ("fixed:0", "moa:0+1:2"):
-        s = answer_flow(questions=str(q), out=str(tmp_path / spec.replace(":", "_")), pool=str(pool), conductor=spec,
-                        lake=lake, show_progress=False)
+        s = answer_flow(AnswerConfig(questions=str(q), out=str(tmp_path / spec.replace(":", "_")), pool=str(pool),
+                                     conductor=spec, lake=lake, show_progress=False))
         assert s["dollars_per_question"] == 0
         runs.append((spec, s["run_id"]))
     c = compare_runs(lake, runs)

@@ -337,7 +337,11 @@ def test_overrides_and_environment_reach_the_deployments():
         to_runner_deployment(apply_overrides(specs, params=["scheduled-answering.nope=1"])[1])
     nightly = to_runner_deployment(specs[0])   # the shipped defaults satisfy nightly_flow's signature
     assert nightly.name == "nightly-retraining" and nightly.schedules[0].schedule.cron == "0 2 * * *"
-    assert {"pool", "train_questions", "eval_questions", "work_dir", "base", "registry"} <= set(nightly.parameters)
+    assert {"pool", "train_questions", "eval_questions", "work_dir", "base", "registry"} <= set(nightly.parameters["config"])
+    with pytest.raises(DeploymentConfigError, match="parameter 'iterations': Input should be greater than or equal to 1"):
+        to_runner_deployment(apply_overrides(specs, params=["nightly-retraining.iterations=0"])[0])
+    with pytest.raises(DeploymentConfigError, match="parameter 'nope': Extra inputs are not permitted"):
+        to_runner_deployment(apply_overrides(specs, params=["nightly-retraining.nope=1"])[0])
     with pytest.raises(DeploymentConfigError, match="seconds must be > 0"):
         apply_overrides(specs, interval=["scheduled-answering=0"])
 

@@ -94,18 +94,20 @@ def test_nightly_with_a_format_trains_promotes_and_answer_uses_the_champion(tiny
 
     from conductor.lake.reader import load_trajectories
     from conductor.registry import Registry
+    from conductor.run_config import NightlyConfig
     from flows.nightly import nightly_flow
 
     monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     work = tmp_path / "night"
     fmt = ConductorFormat(max_steps=2)
-    res = nightly_flow(pool=str(ROOT / "data/pools/simulated.yaml"), train_questions="gsm8k_train:1,mmlu_stem[100:101]",
-                       eval_questions="gsm8k_test:1,mmlu_stem[0:1]", work_dir=str(work), base=str(tiny), night="f1",
-                       iterations=1, questions_per_iteration=2, group_size=3, eval_samples=1, max_tokens=400,
-                       fewshot="none", shard_size=2, baselines=False, conductor_format=fmt.to_json(),
-                       grpo={"learning_rate": 1e-3, "total_iterations": 1, "warmup_ratio": 0.0, "track_kl": True},
-                       promotion={"alpha": 1.01, "min_improvement": -1.0, "max_domain_regression": 1.0})
+    res = nightly_flow(NightlyConfig(
+        pool=str(ROOT / "data/pools/simulated.yaml"), train_questions="gsm8k_train:1,mmlu_stem[100:101]",
+        eval_questions="gsm8k_test:1,mmlu_stem[0:1]", work_dir=str(work), base=str(tiny), night="f1",
+        iterations=1, questions_per_iteration=2, group_size=3, eval_samples=1, max_tokens=400,
+        fewshot="none", shard_size=2, baselines=False, conductor_format=fmt.to_json(),
+        grpo={"learning_rate": 1e-3, "total_iterations": 1, "warmup_ratio": 0.0, "track_kl": True},
+        promotion={"alpha": 1.01, "min_improvement": -1.0, "max_domain_regression": 1.0}))
     assert res["status"] == "promoted", res
     rollouts = load_trajectories(str(work / "lake"), "nightly-f1-it0", kind="rollout")
     assert len(rollouts) == 6 and all(t.rounds[0].parse_status == "ok" for t in rollouts)

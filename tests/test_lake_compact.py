@@ -169,6 +169,7 @@ def test_cli_compacts_and_reports(tmp_path: Path) -> None:
 
 
 def test_answer_rerun_after_compaction_redoes_nothing(tmp_path: Path) -> None:
+    from conductor.run_config import AnswerConfig
     from flows.answer import answer_flow
 
     rows = [{"id": f"q{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(7)]
@@ -177,13 +178,13 @@ def test_answer_rerun_after_compaction_redoes_nothing(tmp_path: Path) -> None:
     out = tmp_path / "out"
     kw = dict(questions=str(qfile), out=str(out), pool=str(ROOT / "data/pools/simulated.yaml"),
               conductor="fixed:0", shard_size=2, show_progress=False)
-    s1 = answer_flow(**kw)
+    s1 = answer_flow(AnswerConfig(**kw))
     lake = out / "lake"
     assert len(_files(lake)) == 4
     compact(str(lake), target_mb=1000)
     compacted = _files(lake) + _files(lake, "calls")
     assert len(compacted) == 2 and all(n.startswith("compact-") for n in compacted)
-    s2 = answer_flow(**kw)
+    s2 = answer_flow(AnswerConfig(**kw))
     assert _files(lake) + _files(lake, "calls") == compacted       # no shard was written again
     assert s2["trajectories"] == s1["trajectories"] == 7 and s2["accuracy"] == s1["accuracy"]
 

@@ -36,6 +36,7 @@ def _first_tensor(ckpt: Path):
 
 def test_one_iteration_rollout_train_evaluate_promote(tmp_path, smollm2):
     from conductor.registry import Registry
+    from conductor.run_config import NightlyConfig
     from flows.nightly import nightly_flow
 
     work = tmp_path / "night"
@@ -43,8 +44,8 @@ def test_one_iteration_rollout_train_evaluate_promote(tmp_path, smollm2):
               eval_questions="gsm8k_test:1,mmlu_stem[0:1]", work_dir=str(work), base=str(smollm2), night="t1",
               iterations=1, questions_per_iteration=2, group_size=4, eval_samples=1, max_tokens=64, fewshot="ood:1",
               shard_size=2)
-    res = nightly_flow(**kw, baselines=True,
-                       grpo={"learning_rate": 1e-4, "total_iterations": 1, "warmup_ratio": 0.0, "micro_batch_size": 2})
+    res = nightly_flow(NightlyConfig(**kw, baselines=True, grpo={"learning_rate": 1e-4, "total_iterations": 1,
+                                                                 "warmup_ratio": 0.0, "micro_batch_size": 2}))
     # the rollout ran and was stored; the step produced a finite loss
     (it,) = res["iterations"]
     assert it["trajectories"] == 8 and it["checkpoint_id"] == "nightly-t1-it0"
@@ -79,14 +80,15 @@ def test_one_iteration_rollout_train_evaluate_promote(tmp_path, smollm2):
     assert (Path(res["report"]).parent / "iterations.png").stat().st_size > 5_000
     assert (Path(res["report"]).parent / "accuracy_vs_dollars.png").stat().st_size > 5_000
     # rerunning the same night resumes: nothing is trained twice, no rollout rows are duplicated
-    again = nightly_flow(**kw, baselines=False, force=True)
+    again = nightly_flow(NightlyConfig(**kw, baselines=False, force=True))
     rows = scan(str(work / "lake"), kind="rollout", run_id="nightly-t1-it0").collect()
     assert rows.height == 8 and again["iterations"][0]["checkpoint_id"] == "nightly-t1-it0"
 
 
 def test_nightly_refuses_overlapping_train_and_eval(tmp_path):
+    from conductor.run_config import NightlyConfig
     from flows.nightly import nightly_flow
 
     with pytest.raises(ValueError, match="overlap the training mix"):
-        nightly_flow(pool=str(ROOT / "data/pools/simulated.yaml"), train_questions="mmlu_stem:3",
-                     eval_questions="mmlu_stem[2:4]", work_dir=str(tmp_path), base="unused")
+        nightly_flow(NightlyConfig(pool=str(ROOT / "data/pools/simulated.yaml"), train_questions="mmlu_stem:3",
+                                   eval_questions="mmlu_stem[2:4]", work_dir=str(tmp_path), base="unused"))

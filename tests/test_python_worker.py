@@ -222,6 +222,7 @@ def test_shipped_pools_hold_a_python_worker_without_moving_the_others():
 
 
 def test_answer_flow_with_a_python_worker_records_free_calls(tmp_path):
+    from conductor.run_config import AnswerConfig
     from flows.answer import answer_flow
 
     pool = tmp_path / "pool.yaml"
@@ -229,8 +230,8 @@ def test_answer_flow_with_a_python_worker_records_free_calls(tmp_path):
     qfile = tmp_path / "q.jsonl"
     qfile.write_text("".join(json.dumps({"id": f"q{i}", "question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n"
                              for i in range(3)))
-    s = answer_flow(questions=str(qfile), out=str(tmp_path / "out"), pool=str(pool), conductor=f"fixed:{PY}",
-                    show_progress=False)
+    s = answer_flow(AnswerConfig(questions=str(qfile), out=str(tmp_path / "out"), pool=str(pool), conductor=f"fixed:{PY}",
+                                 show_progress=False))
     assert s["trajectories"] == 3 and s["infra_failures"] == 0 and s["parse_failures"] == 0
     assert s["dollars_per_question"] == 0 and s["tokens_per_question"] == 0
     from conductor.lake.reader import scan

@@ -248,6 +248,7 @@ def test_rollout_fanned_out_on_dask_shares_one_limit(emu: Emulator, tmp_path: Pa
     default store (limits.sqlite next to the cache) to both, and the provider sends no 429. (Slow: a Dask
     LocalCluster and Prefect's temporary server; 5 min on the loaded 2-core box. The same run with
     ``limits="local"`` got 429s from the emulator: 2 of 32 calls, run once by hand.)"""
+    from conductor.run_config import RolloutConfig
     from flows.rollout import on_dask, rollout_flow
 
     emu.configure(rpm=300, rpm_burst_s=2.0, latency_s=0.05)     # 5/s, 10 requests of burst
@@ -266,9 +267,9 @@ def test_rollout_fanned_out_on_dask_shares_one_limit(emu: Emulator, tmp_path: Pa
                           for i in range(8)), encoding="utf-8")
     emu.reset()
     cache = tmp_path / "run" / "cache.sqlite"
-    summary = on_dask(rollout_flow, n_workers=2)(
+    summary = on_dask(rollout_flow, n_workers=2)(RolloutConfig(
         questions=str(qs), lake=str(tmp_path / "lake"), pool=str(pool), conductor="fixed:0", run_id="dask-limits",
-        group_size=4, shard_size=1, cache=str(cache), max_tokens=64)
+        group_size=4, shard_size=1, cache=str(cache), max_tokens=64))
     assert summary["trajectories"] == 32
     assert emu.stats().get("openai:429", 0) == 0 and emu.stats()["openai:ok"] == 32
     assert (tmp_path / "run" / "limits.sqlite").exists()

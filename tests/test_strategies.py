@@ -37,10 +37,11 @@ def questions_file(tmp_path):
 
 
 def answer(questions, out, spec, max_steps=5, pool=SIM_POOL, cache=None):
+    from conductor.run_config import AnswerConfig
     from flows.answer import answer_flow
 
-    return answer_flow(questions=str(questions), out=str(out), pool=pool, conductor=spec, max_steps=max_steps,
-                       shard_size=3, show_progress=False, cache=cache)
+    return answer_flow(AnswerConfig(questions=str(questions), out=str(out), pool=pool, conductor=spec, max_steps=max_steps,
+                                    shard_size=3, show_progress=False, cache=cache))
 
 
 def lake_rows(summary):

@@ -7,48 +7,54 @@ from pathlib import Path
 import typer
 
 from conductor.cli import app, fail
+from conductor.cli.run_options import CONFIG_HELP, build_config, default
+from conductor.run_config import AnswerConfig
 
-DEFAULT_POOL = Path(__file__).resolve().parents[2] / "data" / "pools" / "local.yaml"
+A = AnswerConfig
 
 
 @app.command("answer")
 def answer_cmd(
-    questions: str = typer.Argument(..., help="A JSONL/CSV/Parquet file (local or s3://) with id, question and optional "
-                                    "answer; or dataset names with optional limits, e.g. gsm8k_test:10,mmlu_stem:10."),
-    out: Path = typer.Option(..., "--out", help="Output directory: lake/, answers.jsonl, summary.json, report/."),
-    pool: Path = typer.Option(DEFAULT_POOL, "--pool", help="Worker pool manifest (default: the embedded local pool)."),
-    conductor: str = typer.Option("auto", "--conductor", help="Conductor policy: auto (the champion if one was promoted, else embedded), embedded, transformers:DIR[#FILE.gguf], "
+    ctx: typer.Context,
+    questions: str = typer.Argument(None, show_default=False, help="A JSONL/CSV/Parquet file (local or s3://) with id, question and optional "
+                                    "answer; or dataset names with optional limits, e.g. gsm8k_test:10,mmlu_stem:10 "
+                                    "(or `questions:` in --config)."),
+    out: Path = typer.Option(None, "--out", show_default=False, help="Output directory: lake/, answers.jsonl, summary.json, report/ "
+                             "(or `out:` in --config)."),
+    pool: Path = typer.Option(default(A, "pool"), "--pool", help="Worker pool manifest (default: the embedded local pool)."),
+    conductor: str = typer.Option(default(A, "conductor"), "--conductor", help="Conductor policy: auto (the champion if one was promoted, else embedded), embedded, transformers:DIR[#FILE.gguf], "
                                   "llamacpp:FILE.gguf, vllm:MODEL, openai:MODEL@URL, or champion (the registry's); or a baseline strategy "
                                   "(docs/strategies.md): fixed:I, sc:I:K, moa:P1+P2+...:AGG, random[:SEED[:MAX_STEPS]]."),
-    samples: int = typer.Option(1, "--samples", min=1, help="Conductor samples per question."),
-    recursion_depth: int = typer.Option(0, "--recursion-depth", min=0, help="Extra conductor rounds over its own answer."),
-    limit: int = typer.Option(None, "--limit", min=1, help="Answer only the first N questions."),
-    shard_size: int = typer.Option(5, "--shard-size", min=1, help="Questions per shard (the unit of resume)."),
-    k: int = typer.Option(None, "--k", min=1, help="Show the conductor a random k-of-n sub-pool per question."),
-    seed: int = typer.Option(0, "--seed"),
-    temperature: float = typer.Option(None, "--temperature", min=0.0, help="Conductor sampling temperature (default: 0, "
+    samples: int = typer.Option(default(A, "samples"), "--samples", min=1, help="Conductor samples per question."),
+    recursion_depth: int = typer.Option(default(A, "recursion_depth"), "--recursion-depth", min=0, help="Extra conductor rounds over its own answer."),
+    limit: int = typer.Option(default(A, "limit"), "--limit", min=1, help="Answer only the first N questions."),
+    shard_size: int = typer.Option(default(A, "shard_size"), "--shard-size", min=1, help="Questions per shard (the unit of resume)."),
+    k: int = typer.Option(default(A, "k"), "--k", min=1, help="Show the conductor a random k-of-n sub-pool per question."),
+    seed: int = typer.Option(default(A, "seed"), "--seed"),
+    temperature: float = typer.Option(default(A, "temperature"), "--temperature", min=0.0, help="Conductor sampling temperature (default: 0, "
                                       "greedy, for the untrained embedded conductor; 0.7 otherwise)."),
-    max_tokens: int = typer.Option(768, "--max-tokens", min=16, help="Conductor completion limit."),
-    run_id: str = typer.Option(None, "--run-id", help="Name the run (default: derived from the inputs, so reruns resume)."),
-    cache: Path = typer.Option(None, "--cache", help="Response cache (SQLite); default OUT/cache.sqlite."),
-    replay: bool = typer.Option(False, "--replay", help="Answer only from the cache; never call a provider."),
-    fewshot: str = typer.Option("auto", "--fewshot", help="Conductor prompt and examples: auto (informed for the untrained "
+    max_tokens: int = typer.Option(default(A, "max_tokens"), "--max-tokens", min=16, help="Conductor completion limit."),
+    run_id: str = typer.Option(default(A, "run_id"), "--run-id", help="Name the run (default: derived from the inputs, so reruns resume)."),
+    cache: Path = typer.Option(default(A, "cache"), "--cache", help="Response cache (SQLite); default OUT/cache.sqlite."),
+    replay: bool = typer.Option(default(A, "replay"), "--replay", help="Answer only from the cache; never call a provider."),
+    fewshot: str = typer.Option(default(A, "fewshot"), "--fewshot", help="Conductor prompt and examples: auto (informed for the untrained "
                                 "embedded conductor, else ood), informed (worker notes, examples on this pool's "
                                 "roles), ood (the paper's default), in_domain, mixed, none; optionally :k."),
-    constrained: bool = typer.Option(None, "--constrained/--free", help="Decode the conductor under the workflow "
+    constrained: bool = typer.Option(default(A, "constrained"), "--constrained/--free", help="Decode the conductor under the workflow "
                                      "grammar (default: on for the embedded conductor, off otherwise)."),
-    max_steps: int = typer.Option(5, "--max-steps", min=1, help="Most steps a workflow may have (the paper: 5)."),
-    lake: str = typer.Option(None, "--lake", help="Lake root for the trajectories: a local path or s3://bucket/prefix "
+    max_steps: int = typer.Option(default(A, "max_steps"), "--max-steps", min=1, help="Most steps a workflow may have (the paper: 5)."),
+    lake: str = typer.Option(default(A, "lake"), "--lake", help="Lake root for the trajectories: a local path or s3://bucket/prefix "
                              "(default OUT/lake; S3 credentials from AWS_* variables)."),
-    retry_failed: bool = typer.Option(True, "--retry-failed/--keep-failed", help="Redo questions an earlier run of "
+    retry_failed: bool = typer.Option(default(A, "retry_failed"), "--retry-failed/--keep-failed", help="Redo questions an earlier run of "
                                       "this command lost to infrastructure failures (default), or keep them as they are."),
-    batch: bool = typer.Option(False, "--batch", help="Send the OpenAI, Anthropic and Gemini workers' calls through "
+    batch: bool = typer.Option(default(A, "batch"), "--batch", help="Send the OpenAI, Anthropic and Gemini workers' calls through "
                                "their batch APIs: half price, answers within hours (docs/operations.md)."),
-    batch_poll: float = typer.Option(60.0, "--batch-poll", min=0.01, help="Seconds between polls of a batch."),
-    limits: str = typer.Option(None, "--limits", help="Share provider limits with other processes: sqlite:PATH (one "
+    batch_poll: float = typer.Option(default(A, "batch_poll_s"), "--batch-poll", min=0.01, help="Seconds between polls of a batch."),
+    limits: str = typer.Option(default(A, "limits"), "--limits", help="Share provider limits with other processes: sqlite:PATH (one "
                                "machine) or prefect (a Prefect server); default: this process alone."),
-    compact: bool = typer.Option(False, "--compact", help="Merge the run's shard files into a few large ones at the "
+    compact: bool = typer.Option(default(A, "compact"), "--compact", help="Merge the run's shard files into a few large ones at the "
                                  "end (conductor lake compact)."),
+    config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
 ) -> None:
     """Answer a question set with the conductor over a worker pool; resumable; prints a summary.
 
@@ -56,17 +62,21 @@ def answer_cmd(
     infrastructure, 4 some did (a rerun retries exactly those), 1 anything else."""
     from conductor.preflight import UsageError, prepare_answer
 
+    cfg = build_config(AnswerConfig, ctx, config, {
+        "questions": questions, "out": out, "pool": pool, "conductor": conductor, "samples": samples,
+        "recursion_depth": recursion_depth, "limit": limit, "shard_size": shard_size, "k": k, "seed": seed,
+        "temperature": temperature, "max_tokens": max_tokens, "run_id": run_id, "cache": cache, "replay": replay,
+        "fewshot": fewshot, "constrained": constrained, "max_steps": max_steps, "lake": lake,
+        "retry_failed": retry_failed, "batch": batch, "batch_poll": batch_poll, "limits": limits, "compact": compact},
+        fields={"batch_poll": "batch_poll_s"})
     try:  # every check before Prefect starts: bad input is one `error:` line (exit 2), not a traceback
-        prepare_answer(questions, out, pool, conductor, samples=samples, recursion_depth=recursion_depth, limit=limit,
-                       shard_size=shard_size, k=k, seed=seed, temperature=temperature, max_tokens=max_tokens,
-                       run_id=run_id, cache=str(cache) if cache else None, lake=lake, fewshot=fewshot,
-                       constrained=constrained, max_steps=max_steps)
+        prepare_answer(cfg)
     except UsageError as e:
         fail(str(e))
     try:
         from conductor.shared_limits import open_shared
 
-        open_shared(limits)
+        open_shared(cfg.limits)
     except ValueError as e:
         fail(f"--limits: {e}")
     from conductor.cli.boundary import flow_errors
@@ -74,12 +84,7 @@ def answer_cmd(
     from flows.answer import answer_flow
 
     with flow_errors():
-        summary = answer_flow(questions=questions, out=str(out), pool=str(pool), conductor=conductor, samples=samples,
-                              recursion_depth=recursion_depth, limit=limit, shard_size=shard_size, k=k, seed=seed,
-                              temperature=temperature, max_tokens=max_tokens, run_id=run_id,
-                              cache=str(cache) if cache else None, replay=replay, lake=lake, fewshot=fewshot,
-                              constrained=constrained, max_steps=max_steps, retry_failed=retry_failed,
-                              batch=batch, batch_poll_s=batch_poll, limits=limits, compact=compact)
+        summary = answer_flow(cfg)
     typer.echo(format_summary(summary))
     typer.echo(f"answers: {summary['answers']}\nreport:  {summary['report']}\nlake:    {summary['lake']}")
     code, why = run_outcome(summary)

@@ -9,7 +9,7 @@ import typer
 
 from conductor.cli import app, fail
 
-DEFAULT_POOL = Path(__file__).resolve().parents[2] / "data" / "pools" / "local.yaml"
+from conductor.run_config import DEFAULT_POOL
 DEFAULT_STRATEGIES = "conductor,fixed:*,random"
 
 
@@ -150,12 +150,14 @@ def _plan(strategies: list[str], conductor: str, manifest: object, max_steps: in
 def _run_all(plan: list[tuple[str, str, int]], questions: str, out: Path, lake: str, pool: Path,
              **kw: object) -> list[tuple[str, str]]:
     """Each strategy as one ordinary answer run in the shared lake (reruns resume)."""
+    from conductor.run_config import AnswerConfig
     from flows.answer import answer_flow
 
     labelled = []
     for label, spec, steps in plan:
         typer.echo(f"compare: running {label} ({spec})", err=True)
-        summary = answer_flow(questions=questions, out=str(out / "runs" / _slug(label)), pool=str(pool), conductor=spec,
-                              lake=lake, max_steps=steps, show_progress=False, **kw)  # type: ignore[arg-type]
+        summary = answer_flow(AnswerConfig(questions=questions, out=str(out / "runs" / _slug(label)), pool=str(pool),
+                                           conductor=spec, lake=lake, max_steps=steps, show_progress=False,
+                                           **kw))  # type: ignore[arg-type]
         labelled.append((label, summary["run_id"]))
     return labelled

@@ -8,6 +8,10 @@ from pathlib import Path
 import typer
 
 from conductor.cli import app, fail
+from conductor.cli.run_options import CONFIG_HELP, build_config, default
+from conductor.run_config import NightlyConfig, RolloutConfig
+
+R, N = RolloutConfig, NightlyConfig
 
 
 def _check(pool: Path, conductors: dict[str, str] | None = None, run_id: str | None = None,
@@ -30,32 +34,38 @@ def _check(pool: Path, conductors: dict[str, str] | None = None, run_id: str | N
 
 @app.command("rollout")
 def rollout_cmd(
-    questions: str = typer.Argument(..., help="Training questions: dataset names with limits or a file."),
-    lake: str = typer.Option(..., "--lake", help="Lake root (local path or s3://)."),
-    pool: Path = typer.Option(..., "--pool", help="Worker pool manifest."),
-    conductor: str = typer.Option(..., "--conductor", help="Policy spec, e.g. transformers:CKPT_DIR or vllm:CKPT_DIR."),
-    run_id: str = typer.Option(..., "--run-id", help="Rollout run id (rerunning it resumes)."),
-    group_size: int = typer.Option(8, "--group-size", min=1, help="GRPO group size G (samples per question)."),
-    k: int = typer.Option(None, "--k", min=1, help="Randomized k-of-n sub-pools per question."),
-    seed: int = typer.Option(0, "--seed"),
-    temperature: float = typer.Option(1.0, "--temperature", min=0.0),
-    max_tokens: int = typer.Option(1024, "--max-tokens", min=16),
-    limit: int = typer.Option(None, "--limit", min=1),
-    shard_size: int = typer.Option(4, "--shard-size", min=1),
+    ctx: typer.Context,
+    questions: str = typer.Argument(None, show_default=False, help="Training questions: dataset names with limits or "
+                                    "a file (or `questions:` in --config)."),
+    lake: str = typer.Option(None, "--lake", show_default=False, help="Lake root (local path or s3://)."),
+    pool: Path = typer.Option(None, "--pool", show_default=False, help="Worker pool manifest."),
+    conductor: str = typer.Option(None, "--conductor", show_default=False, help="Policy spec, e.g. transformers:CKPT_DIR "
+                                  "or vllm:CKPT_DIR."),
+    run_id: str = typer.Option(None, "--run-id", show_default=False, help="Rollout run id (rerunning it resumes)."),
+    group_size: int = typer.Option(default(R, "group_size"), "--group-size", min=1, help="GRPO group size G (samples per question)."),
+    k: int = typer.Option(default(R, "k"), "--k", min=1, help="Randomized k-of-n sub-pools per question."),
+    seed: int = typer.Option(default(R, "seed"), "--seed"),
+    temperature: float = typer.Option(default(R, "temperature"), "--temperature", min=0.0),
+    max_tokens: int = typer.Option(default(R, "max_tokens"), "--max-tokens", min=16),
+    limit: int = typer.Option(default(R, "limit"), "--limit", min=1),
+    shard_size: int = typer.Option(default(R, "shard_size"), "--shard-size", min=1),
     dask: str = typer.Option(None, "--dask", help="Run shards on a Dask cluster: its address, or 'local:N' for N local workers."),
+    config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
 ) -> None:
     """Sample GRPO groups with the conductor, execute, score, and write them to the lake."""
     from conductor.cli.boundary import flow_errors
     from flows.rollout import on_dask, rollout_flow
 
-    _check(pool, {"--conductor": conductor}, run_id, k, questions, limit)
+    cfg = build_config(RolloutConfig, ctx, config, {
+        "questions": questions, "lake": lake, "pool": pool, "conductor": conductor, "run_id": run_id,
+        "group_size": group_size, "k": k, "seed": seed, "temperature": temperature, "max_tokens": max_tokens,
+        "limit": limit, "shard_size": shard_size})
+    _check(Path(cfg.pool), {"--conductor": cfg.conductor}, cfg.run_id, cfg.k, cfg.questions, cfg.limit)
     fn = rollout_flow
     if dask:
         fn = on_dask(rollout_flow, n_workers=int(dask.split(":", 1)[1])) if dask.startswith("local:") else on_dask(rollout_flow, dask)
     with flow_errors():
-        out = fn(questions=questions, lake=lake, pool=str(pool), conductor=conductor, run_id=run_id,
-                 group_size=group_size, k=k, seed=seed, temperature=temperature, max_tokens=max_tokens, limit=limit,
-                 shard_size=shard_size)
+        out = fn(cfg)
     typer.echo(json.dumps(out, indent=2, default=str))
 
 
@@ -88,26 +98,28 @@ def evaluate_cmd(
 
 @app.command("nightly")
 def nightly_cmd(
-    pool: Path = typer.Option(..., "--pool", help="Worker pool manifest."),
-    train_questions: str = typer.Option(..., "--train", help="Training mix, e.g. gsm8k_train:200,mmlu:200."),
-    eval_questions: str = typer.Option(..., "--eval", help="Held-out evaluation questions."),
-    work_dir: Path = typer.Option(..., "--work-dir", help="Lake, checkpoints, cache, registry and reports live here."),
-    base: str = typer.Option(..., "--base", help="Checkpoint to start from when there is no champion."),
+    ctx: typer.Context,
+    pool: Path = typer.Option(None, "--pool", show_default=False, help="Worker pool manifest."),
+    train_questions: str = typer.Option(None, "--train", show_default=False, help="Training mix, e.g. gsm8k_train:200,mmlu:200."),
+    eval_questions: str = typer.Option(None, "--eval", show_default=False, help="Held-out evaluation questions."),
+    work_dir: Path = typer.Option(None, "--work-dir", show_default=False, help="Lake, checkpoints, cache, registry and reports live here."),
+    base: str = typer.Option(None, "--base", show_default=False, help="Checkpoint to start from when there is no champion."),
     registry: str = typer.Option(None, "--registry", help="Registry root or mlflow+URI#model (default WORK_DIR/registry)."),
     night: str = typer.Option(None, "--night", help="Night tag (default today, UTC); rerunning a night resumes it."),
-    iterations: int = typer.Option(2, "--iterations", min=1),
-    questions_per_iteration: int = typer.Option(4, "--questions-per-iteration", min=1),
-    group_size: int = typer.Option(8, "--group-size", min=2),
-    eval_samples: int = typer.Option(2, "--eval-samples", min=1),
-    eval_limit: int = typer.Option(None, "--eval-limit", min=1),
-    max_tokens: int = typer.Option(1024, "--max-tokens", min=16),
+    iterations: int = typer.Option(default(N, "iterations"), "--iterations", min=1),
+    questions_per_iteration: int = typer.Option(default(N, "questions_per_iteration"), "--questions-per-iteration", min=1),
+    group_size: int = typer.Option(default(N, "group_size"), "--group-size", min=2),
+    eval_samples: int = typer.Option(default(N, "eval_samples"), "--eval-samples", min=1),
+    eval_limit: int = typer.Option(default(N, "eval_limit"), "--eval-limit", min=1),
+    max_tokens: int = typer.Option(default(N, "max_tokens"), "--max-tokens", min=16),
     grpo: str = typer.Option(None, "--grpo", help="GRPO config overrides as JSON, e.g. '{\"learning_rate\": 1e-5}'."),
-    force: bool = typer.Option(False, "--force", help="Retrain even if the pool is unchanged."),
-    max_calls: int = typer.Option(None, "--max-calls", min=1),
-    max_dollars: float = typer.Option(None, "--max-dollars", min=0.0),
-    max_hours: float = typer.Option(None, "--max-hours", min=0.0),
-    backend: str = typer.Option("transformers", "--backend", help="Rollout backend for checkpoints: transformers or vllm."),
+    force: bool = typer.Option(default(N, "force"), "--force", help="Retrain even if the pool is unchanged."),
+    max_calls: int = typer.Option(default(N, "max_calls"), "--max-calls", min=1),
+    max_dollars: float = typer.Option(default(N, "max_dollars"), "--max-dollars", min=0.0),
+    max_hours: float = typer.Option(default(N, "max_hours"), "--max-hours", min=0.0),
+    backend: str = typer.Option(default(N, "backend"), "--backend", help="Rollout backend for checkpoints: transformers or vllm."),
     lake: str = typer.Option(None, "--lake", help="Lake root (default WORK_DIR/lake; local path or s3://)."),
+    config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
 ) -> None:
     """Retrain when the pool changed: rollouts -> GRPO x N, evaluate, promote if significantly better, report."""
     from conductor.datasets import DatasetError
@@ -115,20 +127,21 @@ def nightly_cmd(
     from conductor.cli.boundary import flow_errors
     from flows.nightly import nightly_flow
 
-    _check(pool)
-    try:
-        check_disjoint(load_questions(train_questions), load_questions(eval_questions))
-    except (DatasetError, ValueError, OSError) as e:
-        fail(str(e).splitlines()[0])
     try:
         overrides = json.loads(grpo) if grpo else None
     except json.JSONDecodeError as e:
         fail(f"--grpo: not JSON: {e.msg} at column {e.colno}")
+    cfg = build_config(NightlyConfig, ctx, config, {
+        "pool": pool, "train_questions": train_questions, "eval_questions": eval_questions, "work_dir": work_dir,
+        "base": base, "registry": registry, "night": night, "iterations": iterations,
+        "questions_per_iteration": questions_per_iteration, "group_size": group_size, "eval_samples": eval_samples,
+        "eval_limit": eval_limit, "max_tokens": max_tokens, "grpo": overrides, "force": force, "max_calls": max_calls,
+        "max_dollars": max_dollars, "max_hours": max_hours, "backend": backend, "lake": lake})
+    _check(Path(cfg.pool))
+    try:
+        check_disjoint(load_questions(cfg.train_questions), load_questions(cfg.eval_questions))
+    except (DatasetError, ValueError, OSError) as e:
+        fail(str(e).splitlines()[0])
     with flow_errors():
-        res = nightly_flow(pool=str(pool), train_questions=train_questions, eval_questions=eval_questions,
-                           work_dir=str(work_dir), base=base, registry=registry, night=night, iterations=iterations,
-                           questions_per_iteration=questions_per_iteration, group_size=group_size,
-                           eval_samples=eval_samples, eval_limit=eval_limit, max_tokens=max_tokens, grpo=overrides,
-                           force=force, max_calls=max_calls, max_dollars=max_dollars, max_hours=max_hours,
-                           backend=backend, lake=lake)
+        res = nightly_flow(cfg)
     typer.echo(json.dumps({k: res.get(k) for k in ("night", "status", "why", "stopped", "decision", "report")}, indent=2, default=str))

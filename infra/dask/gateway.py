@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from prefect_dask import DaskTaskRunner
 
+    from conductor.run_config import RolloutConfig
     from flows.rollout import rollout_flow
 
     runner = DaskTaskRunner(
@@ -41,9 +42,9 @@ def main(argv: list[str] | None = None) -> int:
                         "image": os.environ.get("CONDUCTOR_IMAGE", "conductor:gpu")},
         adapt_kwargs={"minimum": 1, "maximum": args.max_workers},
     )
-    summary = rollout_flow.with_options(task_runner=runner)(
+    summary = rollout_flow.with_options(task_runner=runner)(RolloutConfig(
         questions=args.questions, lake=args.lake, pool=args.pool, conductor=args.conductor,
-        run_id=f"gateway-{int(time.time())}", group_size=args.group_size, shard_size=args.shard_size)
+        run_id=f"gateway-{int(time.time())}", group_size=args.group_size, shard_size=args.shard_size))
     print(json.dumps(summary, default=str))
     return 0
 

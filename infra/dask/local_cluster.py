@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from distributed import LocalCluster
 
+    from conductor.run_config import RolloutConfig
     from flows.rollout import on_dask, rollout_flow
 
     cluster = None
@@ -48,10 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"dask scheduler: {address}", file=sys.stderr)
     start = time.perf_counter()
     try:
-        summary = on_dask(rollout_flow, address)(
+        summary = on_dask(rollout_flow, address)(RolloutConfig(
             questions=args.questions, lake=args.lake, pool=args.pool, conductor=args.conductor,
             run_id=args.run_id or f"dask-demo-{int(time.time())}", group_size=args.group_size,
-            shard_size=args.shard_size, max_tokens=args.max_tokens)
+            shard_size=args.shard_size, max_tokens=args.max_tokens))
     finally:
         if cluster is not None:
             cluster.close()

@@ -35,18 +35,19 @@ def main(argv: list[str] | None = None) -> int:
     from prefect_ray import RayTaskRunner
     from prefect_ray.context import remote_options
 
+    from conductor.run_config import RolloutConfig
     from flows.rollout import rollout_flow
 
     runner = RayTaskRunner(address=args.address,
                            init_kwargs={"runtime_env": {"env_vars": {"PREFECT_SERVER_ANALYTICS_ENABLED": "false"}}})
     run = rollout_flow.with_options(task_runner=runner)
-    kwargs = dict(questions=args.questions, lake=args.lake, pool=args.pool, conductor=args.conductor,
-                  run_id=f"ray-{int(time.time())}", group_size=args.group_size, shard_size=args.shard_size)
+    config = RolloutConfig(questions=args.questions, lake=args.lake, pool=args.pool, conductor=args.conductor,
+                           run_id=f"ray-{int(time.time())}", group_size=args.group_size, shard_size=args.shard_size)
     if args.gpus_per_shard:
         with remote_options(num_gpus=args.gpus_per_shard):   # applies to the shard tasks submitted inside
-            summary = run(**kwargs)
+            summary = run(config)
     else:
-        summary = run(**kwargs)
+        summary = run(config)
     print(json.dumps(summary, default=str))
     return 0
 
