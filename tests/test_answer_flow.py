@@ -96,3 +96,21 @@ def test_malformed_conductor_outputs_are_scored_and_recorded(tmp_path):
     write_shard(str(tmp_path / "lake"), trajs, "s0")
     df = scan(str(tmp_path / "lake")).collect()
     assert df.height == 6 and set(df["parse_status"]) == {"ok", "parse_error", "invalid"}
+
+
+def test_one_trajectory_that_raises_does_not_sink_the_shard():
+    """pipeline.execute runs through recursion.execute_batch: a trajectory whose execution raises is recorded
+    as infra-failed, the others run, and ``on_done`` hears of every one (batch mode counts on it)."""
+    from conductor.executor import Executor
+
+    pool = load_pool(SIM_POOL)
+    qs = [Question(id=f"e{i}", dataset="t", domain="math", prompt=f"What is {i}+1?", gold=str(i + 1)) for i in range(3)]
+    spec = pipeline.RunSpec(run_id="guard", kind="answer", pool=pool)
+    trajs = pipeline.generate(pipeline.plan(qs, spec, "s0"), ScriptedConductor(
+        ["model_id = [0]\nsubtasks = ['Solve it.']\naccess_list = [[]]"]), spec)
+    trajs[1].rounds.clear()                     # bad input for one row: execute_trajectory raises on it
+    done: list[str] = []
+    out = pipeline.execute(trajs, spec, Executor(), on_done=lambda t: done.append(t.question_id))
+    assert sorted(done) == ["e0", "e1", "e2"]
+    assert out[1].infra_failed and out[1].infra_cause.startswith("executor: ValueError: trajectory")
+    assert not out[0].infra_failed and not out[2].infra_failed and out[0].final_answer and out[2].calls
