@@ -74,7 +74,9 @@ from a team of models and tools, choosing them by their notes. Each step has a m
 subtask you write for it, and an access list: [] shows the model only the question and its subtask, \
 ["all"] also shows every earlier step's subtask and response. The last step's response is the final answer, \
 so the last subtask must produce the answer in the format the question asks for. Use at most {max_steps} \
-steps and as few as do the job well.
+steps and as few as do the job well: a program (written, then run by a tool) only when the answer has to be \
+calculated; a question of knowledge (facts, definitions, which statement is true) is one step for the \
+strongest reasoner.
 
 Reply with exactly three lists of equal length and nothing else:
 model_id = [...]
@@ -90,7 +92,14 @@ AVAILABLE MODELS:
 
 USER QUESTION:
 {question}
+
+{reminder}
 """
+
+# After the question: measured on tuning questions, the untrained 1.5B put "," (more steps) before "]" at
+# model_id = [0 for knowledge questions (log-probs -0.58 vs -0.82) whatever the header said; this line,
+# read last, turned it to -1.28 vs -0.33.
+INFORMED_REMINDER = "Reminder: one step for the strongest reasoner unless the answer has to be calculated."
 
 RECURSION_TEMPLATE = """\
 
@@ -217,6 +226,20 @@ def select_fewshot(policy: str = "ood", domain: str | None = None, k: int = 4) -
     return mixed[:k]
 
 
+def same_domain_first(examples: list[FewShot], domain: str | None) -> list[FewShot]:
+    """The examples of the question's domain first, the rest after, each group in file order.
+
+    WHY: an untrained conductor leans on the first example it reads; showing the most similar one first is
+    demonstration selection by similarity (every example stays in the prompt, so the choice is still its
+    own). The prompt then has one prefix per domain, which the conductor server's prompt cache keeps.
+
+    >>> ex = [FewShot("a", "math", "q1", "r"), FewShot("b", "mcq", "q2", "r"), FewShot("c", "mcq", "q3", "r")]
+    >>> [e.dataset for e in same_domain_first(ex, "mcq")], [e.dataset for e in same_domain_first(ex, None)]
+    (['b', 'c', 'a'], ['a', 'b', 'c'])
+    """
+    return sorted(examples, key=lambda e: domain is not None and e.domain != domain)
+
+
 def describe_models(subpool: "SubPool", describe: Literal["ordinal", "notes"] = "ordinal") -> str:
     """Workers as "Model 0..k-1". The paper shows ordinals only, so names cannot bias the choice."""
     lines = []
@@ -236,9 +259,9 @@ def conductor_prompt(question: str, subpool: "SubPool", *, fewshot: str = "ood",
     """
     if fewshot.partition(":")[0] == "informed":
         roles = role_ordinals(subpool)
-        usable = [e for e in select_fewshot(fewshot, domain) if e.roles <= roles.keys()]
+        usable = same_domain_first([e for e in select_fewshot(fewshot, domain) if e.roles <= roles.keys()], domain)
         examples = "\n".join(e.render(roles) for e in usable)
-        return INFORMED_TEMPLATE.format(max_steps=max_steps, examples=examples or "(none)\n",
+        return INFORMED_TEMPLATE.format(max_steps=max_steps, examples=examples or "(none)\n", reminder=INFORMED_REMINDER,
                                         question=question.strip(), models=describe_models(subpool, "notes"))
     examples = "\n".join(e.render() for e in select_fewshot(fewshot, domain))
     return CONDUCTOR_TEMPLATE.format(max_steps=max_steps, examples=examples or "(none)\n",

@@ -98,6 +98,9 @@ def conductor_policy(spec: str, embedded_url: Any = None, pool: "Pool | None" = 
     return make_policy(spec), spec
 
 
+CONDUCTOR_PROMPT_CACHE_BYTES = 1 << 30   # prompt states of the conductor server (a few prefixes of ~1k tokens)
+
+
 def conductor_server_url(servers: "EmbeddedServers", model: str) -> str:
     """Start (once) the embedded conductor's own llama.cpp server and return its URL.
 
@@ -106,11 +109,16 @@ def conductor_server_url(servers: "EmbeddedServers", model: str) -> str:
     conductor calls prefill only the question, unless a worker prompt ran on the same server in between,
     which is what sharing the 1.5B worker's server did. It uses every core: during a shard's generation
     stage no worker runs. Costs one more copy of the model in memory (~1.1 GB for the 1.5B).
+
+    The informed prompt puts the question's domain's examples first, so there is one shared prefix per
+    domain; llama.cpp's RAM prompt cache (``--cache``) keeps the state of each and restores the longest
+    match, so alternating math and multiple-choice shards do not re-read ~700 tokens of examples.
     """
     from conductor.embedded import spec_for
     from conductor.servers import ServerSettings
 
-    settings = ServerSettings(n_ctx=spec_for(model).n_ctx, n_threads=os.cpu_count() or 1)
+    settings = ServerSettings(n_ctx=spec_for(model).n_ctx, n_threads=os.cpu_count() or 1,
+                              extra_args=("--cache", "true", "--cache_size", str(CONDUCTOR_PROMPT_CACHE_BYTES)))
     return servers.reserve(model, alias=f"conductor-{model}", settings=settings)
 
 

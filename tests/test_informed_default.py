@@ -15,7 +15,7 @@ from conductor.parser import parse_workflow
 from conductor.policy.base import Generation, GenerationParams
 from conductor.policy.cached import CachedPolicy
 from conductor.pool import load_pool, parse_pool
-from conductor.prompts import conductor_prompt, resolve_fewshot, role_ordinals, select_fewshot
+from conductor.prompts import INFORMED_REMINDER, conductor_prompt, resolve_fewshot, role_ordinals, select_fewshot
 from conductor.workflow import Workflow
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,14 +41,24 @@ def test_informed_examples_use_the_real_ordinals_of_their_roles():
         wf = parse_workflow(reply.split("</example>")[0], n_workers=len(sub))
         assert isinstance(wf, Workflow), reply
     assert "Model 3: Not a language model" in text           # notes are shown
-    assert text.rstrip().endswith("What is 6 * 7?")          # question last: the rest is a shared prefix
+    assert text.rstrip().endswith("What is 6 * 7?\n\n" + INFORMED_REMINDER)   # question last but the reminder
 
 
 def test_informed_prompt_of_two_questions_differs_only_after_the_shared_prefix():
     a = conductor_prompt("Question one?", LOCAL.full(), fewshot="informed")
     b = conductor_prompt("Another question entirely?", LOCAL.full(), fewshot="informed")
-    shared = len(a) - len("Question one?\n")
+    shared = a.index("Question one?")
     assert a[:shared] == b[:shared] and shared > 0.9 * len(a)
+
+
+def test_the_questions_domain_examples_come_first_and_every_example_stays():
+    def first_and_count(domain):
+        block = _examples_block(conductor_prompt("Q?", LOCAL.full(), fewshot="informed", domain=domain))
+        return block.split("Reply:\n")[1].split("\n")[0], block.count("<example>")
+    (mcq, n_mcq), (math, n_math) = first_and_count("mcq"), first_and_count("math")
+    assert mcq == "model_id = [0]"                           # knowledge questions: the reasoner alone first
+    assert math == "model_id = [0, 3, 0]"                    # calculations: reason, write, run, report first
+    assert n_mcq == n_math == len(select_fewshot("informed"))
 
 
 def test_examples_whose_roles_a_subpool_lacks_are_left_out_and_roles_can_move():
