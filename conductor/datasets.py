@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from conductor.resources import project_root
 from conductor.questions import ANSWER_INSTRUCTIONS, LETTERS, Question, mcq_prompt, with_instruction
 
 
@@ -33,7 +34,8 @@ class DatasetError(ValueError):
 
 
 def repo_root() -> Path:
-    return Path(__file__).resolve().parent.parent
+    """The checkout (or, installed, the project copy inside the package: ``conductor.resources``)."""
+    return project_root()
 
 
 def shared_data_dir() -> Path:

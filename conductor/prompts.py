@@ -25,12 +25,13 @@ from typing import TYPE_CHECKING, Literal, Sequence
 import yaml
 
 from conductor.providers.base import Message
+from conductor.resources import data_path
 from conductor.workflow import DEFAULT_MAX_STEPS, Workflow
 
 if TYPE_CHECKING:
     from conductor.pool import SubPool
 
-FEWSHOT_DIR = Path(__file__).resolve().parent.parent / "data" / "fewshot"
+FEWSHOT_DIR = data_path("fewshot")
 
 CONDUCTOR_TEMPLATE = """\
 You are a conductor. You never answer questions yourself; you get answers by directing a team of numbered \

@@ -211,10 +211,10 @@ class MlflowBackend:
 
     def __init__(self, tracking_uri: str, model_name: str = "conductor"):
         try:
-            from mlflow import MlflowClient   # optional dependency: pip install 'conductor[mlflow]'
+            from mlflow import MlflowClient   # optional dependency: pip install 'conductor-orchestra[mlflow]'
             from mlflow.exceptions import MlflowException
         except ImportError:
-            raise RegistryError("the MLflow registry backend needs mlflow: pip install 'conductor[mlflow]'") from None
+            raise RegistryError("the MLflow registry backend needs mlflow: pip install 'conductor-orchestra[mlflow]'") from None
         self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
         self.name = model_name
         self.root = f"{tracking_uri}#{model_name}"

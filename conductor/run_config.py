@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from conductor.resources import data_path
+
 if TYPE_CHECKING:
     from conductor.pool import Pool
 
-DEFAULT_POOL = str(Path(__file__).resolve().parent.parent / "data" / "pools" / "local.yaml")
+DEFAULT_POOL = str(data_path("pools", "local.yaml"))
 
 C = TypeVar("C", bound="RunConfig")
 

@@ -80,7 +80,7 @@ printf 'torch==2.13.0\nfastapi==0.150.*\n' > "$TMP/pins.txt"
 CONSTRAINTS=(-c "$TMP/pins.txt")
 if [ -f requirements.lock ]; then
   # Constraint files may not hold editable or direct-URL lines (pip freeze writes one for this project).
-  grep -vE '^\s*(-e|--editable)\b|^\s*conductor([=<>!~ ]|$)| @ (file|git\+)' requirements.lock > "$TMP/lock.txt" || true
+  grep -vE '^\s*(-e|--editable)\b|^\s*conductor(-orchestra)?([=<>!~ ]|$)| @ (file|git\+)' requirements.lock > "$TMP/lock.txt" || true
   CONSTRAINTS+=(-c "$TMP/lock.txt")
 fi
 
@@ -119,7 +119,7 @@ else
   fi
 
   # 3. the project and its locked dependencies
-  echo "installing conductor[$EXTRAS] ($PROFILE profile)"
+  echo "installing conductor-orchestra[$EXTRAS] ($PROFILE profile)"
   "$PY" -m pip install "${CONSTRAINTS[@]}" ${FIND_LINKS[@]+"${FIND_LINKS[@]}"} -e ".[$EXTRAS]"
   "$PY" -c "
 import importlib.metadata as m, sys

@@ -12,10 +12,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _extras_closure(name: str, extras: dict[str, list[str]]) -> set[str]:
-    """Requirement names an extra pulls in, following self-references like ``conductor[a,b]``."""
+    """Requirement names an extra pulls in, following self-references like ``conductor-orchestra[a,b]``."""
     names: set[str] = set()
     for req in extras[name]:
-        self_ref = re.fullmatch(r"conductor\[([^\]]+)\]", req.strip())
+        self_ref = re.fullmatch(r"conductor-orchestra\[([^\]]+)\]", req.strip())
         if self_ref:
             for sub in self_ref.group(1).split(","):
                 names |= _extras_closure(sub.strip(), extras)

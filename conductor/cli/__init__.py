@@ -8,6 +8,10 @@ import sys
 
 import typer
 
+from conductor.resources import use_project
+
+use_project()   # the commands run the Prefect project's flows (flows/, tasks/): importable from here on
+
 app = typer.Typer(
     name="conductor",
     help="Train and run a conductor model that orchestrates a pool of LLM workers.",
