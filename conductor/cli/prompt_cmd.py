@@ -9,11 +9,13 @@ import typer
 from conductor.cli import app, fail
 from conductor.resources import data_path
 
+DEFAULT_POOL = data_path("pools", "local.yaml")
+
 
 @app.command("prompt")
 def prompt_cmd(
     question: str = typer.Argument(..., help="The user question."),
-    pool: Path = typer.Option(data_path("pools", "local.yaml"), "--pool", help="Pool manifest."),
+    pool: Path = typer.Option(DEFAULT_POOL, "--pool", help="Pool manifest."),
     k: int = typer.Option(None, "--k", min=1, help="Show a random k-of-n sub-pool instead of the whole pool."),
     seed: int = typer.Option(0, "--seed", help="Seed for the sub-pool."),
     fewshot: str = typer.Option("ood", "--fewshot", help="Few-shot policy: ood, in_domain, mixed or none, optionally :k (e.g. ood:1)."),
