@@ -98,9 +98,6 @@ def conductor_policy(spec: str, embedded_url: Any = None, pool: "Pool | None" = 
     return make_policy(spec), spec
 
 
-CONDUCTOR_PROMPT_CACHE_BYTES = 1 << 30   # prompt states of the conductor server (a few prefixes of ~1k tokens)
-
-
 def conductor_server_url(servers: "EmbeddedServers", model: str) -> str:
     """Start (once) the embedded conductor's own llama.cpp server and return its URL.
 
@@ -110,15 +107,16 @@ def conductor_server_url(servers: "EmbeddedServers", model: str) -> str:
     which is what sharing the 1.5B worker's server did. It uses every core: during a shard's generation
     stage no worker runs. Costs one more copy of the model in memory (~1.1 GB for the 1.5B).
 
-    The informed prompt puts the question's domain's examples first, so there is one shared prefix per
-    domain; llama.cpp's RAM prompt cache (``--cache``) keeps the state of each and restores the longest
-    match, so alternating math and multiple-choice shards do not re-read ~700 tokens of examples.
+    The informed prompt puts the question's domain's examples first, so each domain has its own prefix: the
+    first question of a shard whose domain differs from the previous shard's re-reads the examples (~700
+    tokens). llama-cpp-python's RAM prompt cache (``--cache``) would keep both prefixes, but each saved state
+    also copies the 512 x vocabulary logits buffer (~310 MB for Qwen2.5) that its size limit does not count:
+    measured here, the server grew to 8.3 GB within 5 questions. So no ``--cache``.
     """
     from conductor.embedded import spec_for
     from conductor.servers import ServerSettings
 
-    settings = ServerSettings(n_ctx=spec_for(model).n_ctx, n_threads=os.cpu_count() or 1,
-                              extra_args=("--cache", "true", "--cache_size", str(CONDUCTOR_PROMPT_CACHE_BYTES)))
+    settings = ServerSettings(n_ctx=spec_for(model).n_ctx, n_threads=os.cpu_count() or 1)
     return servers.reserve(model, alias=f"conductor-{model}", settings=settings)
 
 
