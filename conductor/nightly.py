@@ -11,9 +11,10 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from conductor.run_config import NightlyConfig, RolloutConfig, eval_run_id
 
@@ -38,7 +39,7 @@ class Night:
 def plan_night(config: NightlyConfig, now: float | None = None) -> Night:
     """The night's tag and paths: defaults under WORK_DIR (lake, cache, registry, reports/<tag>)."""
     started = time.time() if now is None else now
-    tag = config.night or _dt.datetime.fromtimestamp(started, _dt.timezone.utc).strftime("%Y%m%d")
+    tag = config.night or _dt.datetime.fromtimestamp(started, _dt.UTC).strftime("%Y%m%d")
     work = Path(config.work_dir)
     return Night(tag=tag, work=work, lake=config.lake or str(work / "lake"), cache=str(work / "cache.sqlite"),
                  reports=work / "reports" / tag, registry=config.registry or str(work / "registry"), started=started)
@@ -49,7 +50,7 @@ def policy_spec(config: NightlyConfig, uri: str) -> str:
     return f"{config.backend}:{uri}"
 
 
-def ensure_champion(reg: "Registry", base: str, manifest: "Pool") -> "CheckpointEntry":
+def ensure_champion(reg: Registry, base: str, manifest: Pool) -> CheckpointEntry:
     """The champion; with none yet, the untrained base becomes it (a candidate must beat it to replace it)."""
     if reg.champion is None:
         entry = reg.register(base, lineage={"pool_id": manifest.id, "pool_fingerprint": None, "role": "base"},
@@ -61,7 +62,7 @@ def ensure_champion(reg: "Registry", base: str, manifest: "Pool") -> "Checkpoint
     return champion
 
 
-def retrain_reason(champion: "CheckpointEntry", manifest: "Pool", force: bool = False) -> tuple[bool, str]:
+def retrain_reason(champion: CheckpointEntry, manifest: Pool, force: bool = False) -> tuple[bool, str]:
     """(retrain?, why): retrain when the champion was trained on another pool (or never trained), or forced."""
     fp = manifest.fingerprint
     trained_on = champion.lineage.get("pool_fingerprint")
@@ -96,7 +97,7 @@ def iteration_record(i: int, run_id: str, rollout: dict[str, Any]) -> dict[str, 
             "mean_reward": rollout["mean_reward"], "accuracy": rollout["accuracy"]}
 
 
-def checkpoint_lineage(lineage: dict[str, Any], manifest: "Pool", night: Night) -> dict[str, Any]:
+def checkpoint_lineage(lineage: dict[str, Any], manifest: Pool, night: Night) -> dict[str, Any]:
     """A trained checkpoint's lineage: what it was trained on, so tomorrow's night knows whether to retrain."""
     return {**lineage, "pool_id": manifest.id, "pool_fingerprint": manifest.fingerprint, "night": night.tag}
 
@@ -158,13 +159,13 @@ def tracking_settings(config: NightlyConfig, night: Night, warn: Callable[[str],
     return tracking
 
 
-def decision_record(d: "Decision") -> dict[str, Any]:
+def decision_record(d: Decision) -> dict[str, Any]:
     """The promotion decision as the report and the flow's result show it."""
     return {"promote": d.promote, "reason": d.reason, "candidate_id": d.candidate_id, "champion_id": d.champion_id,
             "p_value": d.p_value, "diff": d.diff, "regressions": d.regressions}
 
 
-def baseline_rollouts(config: NightlyConfig, night: Night, manifest: "Pool") -> list[tuple[str, RolloutConfig]]:
+def baseline_rollouts(config: NightlyConfig, night: Night, manifest: Pool) -> list[tuple[str, RolloutConfig]]:
     """(worker name, eval run) for every single worker of the pool: the report's accuracy-per-dollar baselines."""
     out = []
     for i, w in enumerate(manifest.workers):

@@ -12,8 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -122,7 +123,7 @@ class AnswerConfig(RunConfig):
     RUN_FIELDS: ClassVar[tuple[str, ...]] = ("samples", "recursion_depth", "k", "seed", "temperature", "max_tokens",
                                    "fewshot", "constrained", "max_steps")
 
-    def settings_key(self, pool: "Pool", checkpoint: str) -> str:
+    def settings_key(self, pool: Pool, checkpoint: str) -> str:
         """Hash of what defines the run's answers: the pool, the checkpoint and ``RUN_FIELDS`` (resolved:
         call it on the configuration ``prepare_answer`` returns). Not the limit, shard size, paths or modes."""
         settings = [pool.id, pool.fingerprint, checkpoint, *(getattr(self, f) for f in self.RUN_FIELDS)]

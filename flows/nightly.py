@@ -14,9 +14,22 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from conductor.nightly import (Night, baseline_rollouts, budget_stop, checkpoint_lineage, decision_record,
-                               ensure_champion, iteration_id, iteration_record, iteration_rollout, night_status,
-                               plan_night, policy_spec, retrain_reason, tracking_settings)
+from conductor.nightly import (
+    Night,
+    baseline_rollouts,
+    budget_stop,
+    checkpoint_lineage,
+    decision_record,
+    ensure_champion,
+    iteration_id,
+    iteration_record,
+    iteration_rollout,
+    night_status,
+    plan_night,
+    policy_spec,
+    retrain_reason,
+    tracking_settings,
+)
 from conductor.run_config import NightlyConfig
 from flows.evaluate import evaluate_flow
 from flows.rollout import rollout_flow
@@ -66,8 +79,8 @@ def _base(config: NightlyConfig, night: Night) -> str:
     """The base checkpoint, with the night's decoding contract written next to its HF copy when one is set."""
     if not config.conductor_format:
         return config.base
-    from conductor.grpo.format import ConductorFormat
     from conductor.grpo.checkpoint import formatted_base
+    from conductor.grpo.format import ConductorFormat
 
     return str(formatted_base(config.base, ConductorFormat.from_json(config.conductor_format), night.work / "base"))
 

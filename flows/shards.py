@@ -20,8 +20,9 @@ that builds its own runtime on its worker and runs the same stages.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from prefect import get_run_logger
 

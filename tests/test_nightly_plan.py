@@ -10,8 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from conductor.nightly import (baseline_rollouts, budget_stop, ensure_champion, iteration_rollout, night_status,
-                               night_usage, over_budget, plan_night, retrain_reason, tracking_settings)
+from conductor.nightly import (
+    baseline_rollouts,
+    budget_stop,
+    ensure_champion,
+    iteration_rollout,
+    night_status,
+    night_usage,
+    over_budget,
+    plan_night,
+    retrain_reason,
+    tracking_settings,
+)
 from conductor.pool import load_pool
 from conductor.registry import Registry
 from conductor.run_config import NightlyConfig
@@ -26,7 +36,7 @@ def config(tmp_path: Path, **kw) -> NightlyConfig:
 
 
 def test_plan_night_puts_everything_under_the_work_dir_and_tags_today(tmp_path):
-    noon = dt.datetime(2026, 11, 24, 12, tzinfo=dt.timezone.utc).timestamp()
+    noon = dt.datetime(2026, 11, 24, 12, tzinfo=dt.UTC).timestamp()
     night = plan_night(config(tmp_path), now=noon)
     work = tmp_path / "work"
     assert (night.tag, night.work, night.lake, night.cache) == ("20261124", work, str(work / "lake"),

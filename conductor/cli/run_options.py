@@ -4,8 +4,9 @@ override the file, the file overrides the configuration's defaults (conductor/ru
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import Any, TypeVar
 
 import typer
 
