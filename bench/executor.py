@@ -93,7 +93,7 @@ def start_emulator(latency: float, rpm: float | None) -> tuple[subprocess.Popen,
             return proc, url
         except OSError:
             if proc.poll() is not None:
-                raise SystemExit(f"error: emulator exited: {proc.stderr.read().decode()[-500:]}")
+                raise SystemExit(f"error: emulator exited: {proc.stderr.read().decode()[-500:]}") from None
             time.sleep(0.1)
     proc.kill()
     raise SystemExit("error: emulator did not start within 60 s")
@@ -173,7 +173,7 @@ async def bench_overhead(n: int) -> tuple[float, dict]:
     msgs = [Message("user", f"<overall_task>\n{ts[i % n].question}\n</overall_task>\nYour assigned subtask: "
                     "Solve the problem.") for i in range(calls)]
     c0 = time.process_time()
-    for i, m in enumerate(msgs):
+    for m in msgs:
         await provider.complete([m], sample_index=0)
     direct = (time.process_time() - c0) / calls
     per_call = cpu / calls

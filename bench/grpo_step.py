@@ -50,9 +50,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from conductor.embedded import ensure_models
-    from conductor.grpo.config import GRPOConfig
     from conductor.grpo.batching import render_prompt
     from conductor.grpo.checkpoint import ensure_hf_checkpoint
+    from conductor.grpo.config import GRPOConfig
     from conductor.grpo.trainer import PolicyTrainer
     from conductor.pool import load_pool
     from conductor.prompts import conductor_prompt

@@ -102,7 +102,7 @@ class PrefilledBackend:
 
     name = "transformers+prefill"
 
-    def __init__(self, inner: Any, prefill: str, constraint: "RoutingConstraint | None" = None):
+    def __init__(self, inner: Any, prefill: str, constraint: RoutingConstraint | None = None):
         self.inner = inner
         self.prefill = prefill
         self.constraint = constraint

@@ -53,7 +53,7 @@ import random
 import shutil
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -226,9 +226,9 @@ def iteration_questions(train: list[Any], it: int, per_iter: int, seed: int) -> 
 
 def run_batch(questions: list[Any], spec: Any, policy: Any, executor: Any) -> list[Any]:
     """plan -> generate -> execute -> score, the production pipeline's stages."""
-    from conductor import pipeline
-
     import asyncio
+
+    from conductor import pipeline
 
     trajs = pipeline.plan(questions, spec)
     pipeline.generate(trajs, policy, spec)
@@ -504,9 +504,9 @@ def plot(out: Path, res: dict[str, Any]) -> Path:
 
 def register(registry: str, base: Path, ckpt: str, cmp: dict[str, Any], pool: Any) -> str:
     """The untrained base is the first champion; the trained checkpoint replaces it only if significantly better."""
-    from conductor.registry import PromotionPolicy, Registry, read_lineage
-
     import hashlib
+
+    from conductor.registry import PromotionPolicy, Registry, read_lineage
 
     reg = Registry.open(registry)
     base_id = f"learning-local-base-{hashlib.sha256(str(base).encode()).hexdigest()[:8]}"
@@ -546,8 +546,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(a.threads)
     from conductor.cache import ResponseCache
     from conductor.embedded import ensure_models
-    from conductor.grpo.format import ConductorFormat
     from conductor.grpo.checkpoint import formatted_base
+    from conductor.grpo.format import ConductorFormat
     from conductor.grpo.tracking import MetricsTracker, default_tracking_uri, plot_curves
     from conductor.servers import EmbeddedServers, resolve_embedded
 

@@ -60,7 +60,7 @@ def messages_hash(messages: list[Message]) -> str:
 MANIFEST_URL_OPTION = "manifest_base_url"
 
 
-def cache_key(worker: "Worker", messages: list[Message], sample_index: int = 0) -> str:
+def cache_key(worker: Worker, messages: list[Message], sample_index: int = 0) -> str:
     """The content address of one call; the worker's *name* is not part of it.
 
     >>> from conductor.pool import Worker
@@ -144,7 +144,7 @@ class ResponseCache:
             self.hits += 1
         return hit
 
-    async def put(self, key: str, worker: "Worker", completion: Completion) -> None:
+    async def put(self, key: str, worker: Worker, completion: Completion) -> None:
         if self.mode in ("read_only", "replay"):
             return
         await asyncio.get_running_loop().run_in_executor(
@@ -160,7 +160,7 @@ class ResponseCache:
         if self.mode not in ("read_only", "replay"):
             self._pool.submit(self._put, key, provider, model, completion).result()
 
-    def miss_error(self, worker: "Worker") -> ProviderError:
+    def miss_error(self, worker: Worker) -> ProviderError:
         return ProviderError("cache_miss", f"worker {worker.name}: no cached reply in {self.path.name} "  # type: ignore[arg-type]
                              "and the cache is in replay mode (no provider calls)")
 

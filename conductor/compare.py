@@ -174,7 +174,7 @@ def answer_runs(lake: str, kind: str = "answer") -> list[tuple[str, str]]:
     return [(r["checkpoint_id"] or r["run_id"], r["run_id"]) for r in df.iter_rows(named=True)]
 
 
-def _eval_rows(df: pl.DataFrame) -> list["EvalRow"]:
+def _eval_rows(df: pl.DataFrame) -> list[EvalRow]:
     """EvalRows paired on (dataset, question): two datasets may reuse a question id."""
     from conductor.evaluation import to_rows
 

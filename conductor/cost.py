@@ -8,8 +8,9 @@ cache; ``spent_usd`` counts only calls that actually reached a provider.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from conductor.pool import Worker
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 BATCH_DISCOUNT = 0.5   # OpenAI Batch, Anthropic Message Batches and Gemini batch mode all bill half the list price
 
 
-def call_cost(worker: "Worker", input_tokens: int, output_tokens: int, *, cached_input_tokens: int = 0,
+def call_cost(worker: Worker, input_tokens: int, output_tokens: int, *, cached_input_tokens: int = 0,
               batch: bool = False) -> float:
     """Dollars for one call of ``worker``.
 
@@ -69,7 +70,7 @@ class CostSummary:
     def usd_per_workflow(self) -> float:
         return self.cost_usd / self.workflows if self.workflows else 0.0
 
-    def add(self, c: "CallRecord") -> None:
+    def add(self, c: CallRecord) -> None:
         self.calls += 1
         self.cache_hits += int(c.cache_hit)
         self.failed_calls += int(c.error is not None)
@@ -84,7 +85,7 @@ class CostSummary:
         w["cost_usd"] += c.cost_usd
 
 
-def summarize_calls(calls: Iterable["CallRecord"]) -> CostSummary:
+def summarize_calls(calls: Iterable[CallRecord]) -> CostSummary:
     """Totals over calls (one workflow's, or any selection).
 
     >>> from conductor.trajectory import CallRecord
@@ -99,7 +100,7 @@ def summarize_calls(calls: Iterable["CallRecord"]) -> CostSummary:
     return s
 
 
-def summarize_run(trajectories: Iterable["Trajectory"]) -> CostSummary:
+def summarize_run(trajectories: Iterable[Trajectory]) -> CostSummary:
     """Totals for a run; ``usd_per_workflow`` divides by the trajectories seen."""
     s = CostSummary()
     for t in trajectories:

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conductor.resources import project_root
 from conductor.questions import ANSWER_INSTRUCTIONS, LETTERS, Question, mcq_prompt, with_instruction
+from conductor.resources import project_root
 
 
 class DatasetError(ValueError):

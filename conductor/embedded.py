@@ -21,9 +21,9 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 
 class EmbeddedError(RuntimeError):

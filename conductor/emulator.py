@@ -355,7 +355,7 @@ class _Batch:
 def _iso(t: float) -> str:
     import datetime as _dt
 
-    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    return _dt.datetime.fromtimestamp(t, _dt.UTC).isoformat().replace("+00:00", "Z")
 
 
 def _batch_item(state: EmulatorState, custom_id: str, req: _Req, body: Any, metadata: Any = None) -> _Item:
@@ -896,7 +896,7 @@ class Emulator:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "Emulator":
+    def start(self) -> Emulator:
         ready = threading.Event()
         err: list[BaseException] = []
 
@@ -963,7 +963,7 @@ class Emulator:
     def _call(self, fn: Any) -> Any:
         """Run ``fn`` on the server loop so state is never touched from two threads."""
         assert self._loop is not None, "emulator not started"
-        fut: "asyncio.Future[Any]" = asyncio.run_coroutine_threadsafe(_wrap(fn), self._loop)
+        fut: asyncio.Future[Any] = asyncio.run_coroutine_threadsafe(_wrap(fn), self._loop)
         return fut.result(10)
 
     def stop(self) -> None:
@@ -973,7 +973,7 @@ class Emulator:
             self._thread.join(10)
         self._loop = None
 
-    def __enter__(self) -> "Emulator":
+    def __enter__(self) -> Emulator:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -16,8 +16,9 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 Metric = Literal["correct", "reward"]
 
@@ -302,7 +303,7 @@ class EvalReport:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "EvalReport":
+    def from_json(cls, d: dict[str, Any]) -> EvalReport:
         doms = {k: DomainComparison(Summary(**v["candidate"]), Summary(**v["champion"]), v["diff"],
                                     BootstrapResult(**v["bootstrap"])) for k, v in d.get("domains", {}).items()}
         return cls(d["metric"], Summary(**d["candidate"]), Summary(**d["champion"]), BootstrapResult(**d["bootstrap"]),

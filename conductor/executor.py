@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from conductor.cache import ResponseCache, cache_key, messages_hash
 from conductor.cost import call_cost
@@ -112,7 +113,7 @@ class Executor:
         self.limiter = self._limiter_template
         self.retry = retry or RetryPolicy()
         self.budget = budget or Budget()
-        self._providers: dict[int, tuple["Worker", Provider]] = {}
+        self._providers: dict[int, tuple[Worker, Provider]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.stats: dict[str, int] = {"calls": 0, "cache_hits": 0, "retries": 0, "failures": 0}
 
@@ -126,7 +127,7 @@ class Executor:
             self.limiter = self._limiter_template.fresh()
         self._loop = loop
 
-    def provider(self, worker: "Worker") -> Provider:
+    def provider(self, worker: Worker) -> Provider:
         entry = self._providers.get(id(worker))
         if entry is None:
             entry = self._providers[id(worker)] = (worker, make_provider(worker))
@@ -144,7 +145,7 @@ class Executor:
                     pass
 
     # ----------------------------------------------------------- one call
-    async def call(self, worker: "Worker", messages: list[Message], rec: CallRecord, *,
+    async def call(self, worker: Worker, messages: list[Message], rec: CallRecord, *,
                    sample_index: int = 0, state: QuestionState | None = None) -> Completion:
         """One worker call with cache, budget, limits, retries and timeout; fills ``rec``."""
         self._bind_loop()
@@ -186,7 +187,7 @@ class Executor:
             rec.latency_s = time.perf_counter() - start
             raise
 
-    async def _call_provider(self, worker: "Worker", messages: list[Message], sample_index: int,
+    async def _call_provider(self, worker: Worker, messages: list[Message], sample_index: int,
                              state: QuestionState, who: str) -> tuple[Completion, int]:
         provider = self.provider(worker)
         limiter = self.limiter
@@ -220,7 +221,7 @@ class Executor:
         return await call_with_retries(attempt, max_retries, self.retry, on_retry)
 
     @staticmethod
-    def _fill(rec: CallRecord, worker: "Worker", c: Completion, start: float, cache_hit: bool) -> None:
+    def _fill(rec: CallRecord, worker: Worker, c: Completion, start: float, cache_hit: bool) -> None:
         rec.response = c.text
         rec.finish_reason = c.finish_reason
         rec.input_tokens = c.input_tokens
@@ -230,7 +231,7 @@ class Executor:
         rec.latency_s = time.perf_counter() - start
 
     # ------------------------------------------------------- one workflow
-    async def run_workflow(self, question: str, workflow: Workflow, subpool: "SubPool", *,
+    async def run_workflow(self, question: str, workflow: Workflow, subpool: SubPool, *,
                            sample_index: int = 0, depth: int = 0, parent_call_id: str | None = None,
                            previous_round: Sequence[tuple[int, str, str]] | None = None,
                            state: QuestionState | None = None, sequential: bool = False) -> RoundResult:
@@ -284,14 +285,14 @@ class Executor:
 
 # The high-level entry points live in conductor.recursion (they need the policy side);
 # these wrappers keep ``from conductor.executor import execute_trajectory`` working.
-async def execute_trajectory(traj: "Trajectory", subpool: "SubPool", executor: Executor, **kw: Any) -> "Trajectory":
+async def execute_trajectory(traj: Trajectory, subpool: SubPool, executor: Executor, **kw: Any) -> Trajectory:
     """See ``conductor.recursion.execute_trajectory``."""
     from conductor.recursion import execute_trajectory as run
 
     return await run(traj, subpool, executor, **kw)
 
 
-async def execute_batch(trajs: Sequence["Trajectory"], subpools: Any, executor: Executor, **kw: Any) -> list["Trajectory"]:
+async def execute_batch(trajs: Sequence[Trajectory], subpools: Any, executor: Executor, **kw: Any) -> list[Trajectory]:
     """See ``conductor.recursion.execute_batch``."""
     from conductor.recursion import execute_batch as run
 

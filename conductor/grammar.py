@@ -17,7 +17,7 @@ calls repeat across samples, so a response cache answers them (the CPU learning 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def _literal(text: str) -> str:

@@ -66,7 +66,7 @@ def render_nightly_report(out_dir: str | Path, *, pool_id: str, decision: dict[s
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"# Nightly run report — pool {pool_id}", "", f"Generated {now}.", "", f"**What it did and why:** {why}", ""]
     if stopped:
         lines += [f"**Stopped early:** {stopped} (rerun the same night to resume).", ""]

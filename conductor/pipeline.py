@@ -12,8 +12,9 @@ import asyncio
 import datetime as _dt
 import hashlib
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from conductor.pool import Pool, SubPool
 from conductor.prompts import conductor_prompt
@@ -51,11 +52,11 @@ class RunSpec:
     # When set (bulk answering), trajectory ids also hash the question's content and these settings, so a
     # rerun after an edit or a settings change recognises stale rows instead of keeping them.
     settings_key: str = ""
-    date: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).date().isoformat())
+    date: str = field(default_factory=lambda: _dt.datetime.now(_dt.UTC).date().isoformat())
 
     @classmethod
-    def of(cls, config: "AnswerConfig | RolloutConfig", pool: Pool, checkpoint_id: str,
-           settings_key: str = "") -> "RunSpec":
+    def of(cls, config: AnswerConfig | RolloutConfig, pool: Pool, checkpoint_id: str,
+           settings_key: str = "") -> RunSpec:
         """A run's configuration plus its resolved objects: the pool (embedded URLs resolved to the running
         servers) and the checkpoint id the conductor spec stands for."""
         if config.run_id is None:
@@ -70,7 +71,7 @@ class RunSpec:
         digest = hashlib.sha256(f"{self.seed}\x1f{question_id}".encode()).digest()
         return self.pool.sample(self.subpool_k, int.from_bytes(digest[:8], "big"))
 
-    def trajectory_ids(self, q: "Question") -> list[str]:
+    def trajectory_ids(self, q: Question) -> list[str]:
         """The ids this run gives ``q``'s samples: the lake rows a rerun looks for."""
         salt = ""
         if self.settings_key:
@@ -79,13 +80,13 @@ class RunSpec:
             salt = hashlib.sha256(f"{self.settings_key}\x1f{question_digest(q)}".encode()).hexdigest()[:16]
         return [trajectory_id(self.run_id, q.id, i, salt) for i in range(self.samples)]
 
-    def generation_params(self) -> "GenerationParams":
+    def generation_params(self) -> GenerationParams:
         from conductor.policy.base import GenerationParams
 
         return GenerationParams(temperature=self.temperature, max_tokens=self.max_tokens, seed=self.seed)
 
 
-def plan(questions: Sequence["Question"], spec: RunSpec, shard: str = "") -> list[Trajectory]:
+def plan(questions: Sequence[Question], spec: RunSpec, shard: str = "") -> list[Trajectory]:
     """Empty trajectories, one per (question, sample), with their prompts and sub-pools decided."""
     out = []
     for q in questions:
@@ -101,7 +102,7 @@ def plan(questions: Sequence["Question"], spec: RunSpec, shard: str = "") -> lis
     return out
 
 
-def generate(trajectories: list[Trajectory], policy: "PolicyBackend", spec: RunSpec) -> list[Trajectory]:
+def generate(trajectories: list[Trajectory], policy: PolicyBackend, spec: RunSpec) -> list[Trajectory]:
     """Sample the conductor: one batched call with n = samples per distinct prompt (the GRPO group), per
     grammar (randomized sub-pools of different shapes need different grammars)."""
     groups: dict[str, list[Trajectory]] = {}
@@ -110,7 +111,7 @@ def generate(trajectories: list[Trajectory], policy: "PolicyBackend", spec: RunS
     if not groups:
         return trajectories
     n = max(len(v) for v in groups.values())
-    by_params: dict["GenerationParams", list[str]] = {}
+    by_params: dict[GenerationParams, list[str]] = {}
     for prompt, trajs in groups.items():
         by_params.setdefault(_params_for(spec, trajs[0].question_id), []).append(prompt)
     for params, prompts in by_params.items():
@@ -124,7 +125,7 @@ def generate(trajectories: list[Trajectory], policy: "PolicyBackend", spec: RunS
     return trajectories
 
 
-def _params_for(spec: RunSpec, question_id: str) -> "GenerationParams":
+def _params_for(spec: RunSpec, question_id: str) -> GenerationParams:
     """Sampling settings for one question's prompt; under ``constrained`` the grammar of its sub-pool."""
     params = spec.generation_params()
     if not spec.constrained:
@@ -136,14 +137,14 @@ def _params_for(spec: RunSpec, question_id: str) -> "GenerationParams":
     return replace(params, grammar=workflow_grammar(len(sub), spec.max_steps, plan_chars=plan, tools=sub.tool_ordinals))
 
 
-def _fill_round(r: Round, g: "Generation") -> None:
+def _fill_round(r: Round, g: Generation) -> None:
     r.completion = g.text
     r.completion_token_ids = list(g.token_ids) if g.token_ids is not None else None
     r.completion_logprobs = [float(x) for x in g.logprobs] if g.logprobs is not None else None
 
 
 def execute(trajectories: list[Trajectory], spec: RunSpec, executor: Any,
-            policy: "PolicyBackend | None" = None, on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+            policy: PolicyBackend | None = None, on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
     """Parse and run every workflow concurrently under the executor's shared rate limits
     (``conductor.recursion.execute_batch``: one trajectory's failure never stops the others).
 
@@ -167,7 +168,7 @@ def execute(trajectories: list[Trajectory], spec: RunSpec, executor: Any,
         max_depth=spec.recursion_depth, max_steps=spec.max_steps, budget=budget, call_factor=spec.recursion_call_factor))
 
 
-def score(trajectories: list[Trajectory], questions: Sequence["Question"], scheme: "RewardScheme | None" = None) -> list[Trajectory]:
+def score(trajectories: list[Trajectory], questions: Sequence[Question], scheme: RewardScheme | None = None) -> list[Trajectory]:
     """Grade final answers against gold where there is one; the reward follows the paper's scheme.
     Graders run on threads, so sandboxed code runs of one shard proceed in parallel."""
     from conductor.reward import PAPER, score_trajectories
@@ -175,8 +176,8 @@ def score(trajectories: list[Trajectory], questions: Sequence["Question"], schem
     return score_trajectories(trajectories, questions, scheme or PAPER)
 
 
-def run_shard(questions: Sequence["Question"], spec: RunSpec, policy: "PolicyBackend", executor: Any,
-              shard: str = "", scheme: "RewardScheme | None" = None,
+def run_shard(questions: Sequence[Question], spec: RunSpec, policy: PolicyBackend, executor: Any,
+              shard: str = "", scheme: RewardScheme | None = None,
               on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
     """All stages for one shard, in order (the Prefect flow calls the same functions as separate tasks)."""
     trajs = plan(questions, spec, shard)

@@ -108,7 +108,7 @@ class Worker(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _endpoint_where_needed(self) -> "Worker":
+    def _endpoint_where_needed(self) -> Worker:
         if self.provider == "openai_compatible" and not self.base_url:
             raise ValueError("openai_compatible workers need base_url")
         if self.sandbox is not None and self.provider != "python":
@@ -119,7 +119,7 @@ class Worker(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _batch_where_supported(self) -> "Worker":
+    def _batch_where_supported(self) -> Worker:
         if self.batch and self.provider not in BATCH_PROVIDERS:
             raise ValueError(f"batch: true needs a provider with a batch API ({', '.join(BATCH_PROVIDERS)}), "
                              f"not {self.provider}")
@@ -138,7 +138,7 @@ class Pool(_Strict):
     workers: tuple[Worker, ...] = Field(min_length=1)
 
     @model_validator(mode="after")
-    def _unique_names(self) -> "Pool":
+    def _unique_names(self) -> Pool:
         seen: set[str] = set()
         for w in self.workers:
             if w.name in seen:
@@ -165,10 +165,10 @@ class Pool(_Strict):
                 return w
         raise PoolError(f"pool {self.id}: no worker named {name!r}")
 
-    def full(self) -> "SubPool":
+    def full(self) -> SubPool:
         return SubPool(self, tuple(range(len(self.workers))))
 
-    def sample(self, k: int, seed: int, shuffle: bool = False) -> "SubPool":
+    def sample(self, k: int, seed: int, shuffle: bool = False) -> SubPool:
         """A random k-of-n sub-pool, reproducible from the seed.
 
         >>> p = Pool(pool_id="p", workers=[Worker(name=n, provider="simulated", model=n) for n in "abcd"])
@@ -181,7 +181,7 @@ class Pool(_Strict):
         idx = random.Random(seed).sample(range(n), k)
         return SubPool(self, tuple(idx if shuffle else sorted(idx)))
 
-    def subset(self, names: list[str]) -> "SubPool":
+    def subset(self, names: list[str]) -> SubPool:
         index = {w.name: i for i, w in enumerate(self.workers)}
         missing = [n for n in names if n not in index]
         if missing:

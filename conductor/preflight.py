@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from conductor.pool import Pool
-    from conductor.run_config import AnswerConfig
     from conductor.questions import Question
+    from conductor.run_config import AnswerConfig
 
 
 class UsageError(ValueError):
@@ -30,9 +30,9 @@ class UsageError(ValueError):
 class AnswerInputs:
     """What an answer run works from, every part checked."""
 
-    config: "AnswerConfig"   # resolved: run id, lake, cache, few-shot policy, temperature and grammar filled in
-    questions: list["Question"]
-    pool: "Pool"
+    config: AnswerConfig   # resolved: run id, lake, cache, few-shot policy, temperature and grammar filled in
+    questions: list[Question]
+    pool: Pool
     checkpoint: str
     settings_key: str
     out: Path
@@ -46,7 +46,7 @@ def first_line(e: BaseException) -> str:
     return redact(text.splitlines()[0] if text else type(e).__name__)
 
 
-def prepare_answer(config: "AnswerConfig") -> AnswerInputs:
+def prepare_answer(config: AnswerConfig) -> AnswerInputs:
     """Every check an answer run needs, cheapest first; UsageError (one line) on the first mistake."""
     c = config
     check_numbers(samples=c.samples, recursion_depth=c.recursion_depth, limit=c.limit, shard_size=c.shard_size,
@@ -117,7 +117,7 @@ def check_run_id(run_id: str) -> None:
         raise UsageError(str(e)) from None
 
 
-def check_pool(path: str | os.PathLike[str]) -> "Pool":
+def check_pool(path: str | os.PathLike[str]) -> Pool:
     """Load a manifest and check each worker's provider options (a simulated skill of 7.5 is a mistake)."""
     from conductor.pool import PoolError, load_pool
 
@@ -129,7 +129,7 @@ def check_pool(path: str | os.PathLike[str]) -> "Pool":
     return manifest
 
 
-def check_worker_options(manifest: "Pool", source: str = "<pool>") -> None:
+def check_worker_options(manifest: Pool, source: str = "<pool>") -> None:
     """Provider-specific ``options`` are validated by their provider; check them before any call."""
     from pydantic import ValidationError
 
@@ -146,7 +146,7 @@ def check_worker_options(manifest: "Pool", source: str = "<pool>") -> None:
             raise UsageError(f"{source}: workers[{i}] ({w.name}).options.{where}: {err['msg']}") from None
 
 
-def check_k(k: int | None, manifest: "Pool", conductor: str) -> None:
+def check_k(k: int | None, manifest: Pool, conductor: str) -> None:
     if k is None:
         return
     from conductor.policy.strategies import is_strategy
@@ -158,7 +158,7 @@ def check_k(k: int | None, manifest: "Pool", conductor: str) -> None:
         raise UsageError(f"--k {k}: strategy {conductor!r} runs over the whole pool; drop --k")
 
 
-def check_conductor(spec: str, manifest: "Pool", max_steps: int, flag: str = "--conductor") -> str:
+def check_conductor(spec: str, manifest: Pool, max_steps: int, flag: str = "--conductor") -> str:
     """The checkpoint id a conductor spec stands for, or UsageError: strategies are checked against the pool,
     ``champion`` needs a promoted champion, model specs need their files, packages and key variables."""
     from conductor.policy.factory import PolicySpecError, check_spec
@@ -198,7 +198,7 @@ def _check_champion(spec: str) -> None:
         raise RegistryError(f"registry {uri}: no champion has been promoted yet")
 
 
-def check_questions(spec: str, limit: int | None) -> list["Question"]:
+def check_questions(spec: str, limit: int | None) -> list[Question]:
     from conductor.datasets import DatasetError
     from conductor.questionset import load_questions
 

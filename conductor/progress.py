@@ -31,7 +31,7 @@ class RunProgress:
             console=Console(stderr=True), disable=not enabled, transient=False)
         self._task = self._progress.add_task(description, total=total, calls=0, hits=0, dollars=0.0, failed=0)
 
-    def __enter__(self) -> "RunProgress":
+    def __enter__(self) -> RunProgress:
         self._progress.start()
         return self
 

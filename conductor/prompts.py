@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Sequence
+from typing import TYPE_CHECKING, Literal
 
 import yaml
 
@@ -152,7 +153,7 @@ class FewShot:
 _ROLE = re.compile(r"\{([a-z_]+)\}")
 
 
-def role_ordinals(subpool: "SubPool") -> dict[str, int]:
+def role_ordinals(subpool: SubPool) -> dict[str, int]:
     """Which ordinal plays each role in this sub-pool: declared ``roles`` first, ``python`` for the python
     tool, and ``reasoner`` falling back to the first language model.
 
@@ -241,7 +242,7 @@ def same_domain_first(examples: list[FewShot], domain: str | None) -> list[FewSh
     return sorted(examples, key=lambda e: domain is not None and e.domain != domain)
 
 
-def describe_models(subpool: "SubPool", describe: Literal["ordinal", "notes"] = "ordinal") -> str:
+def describe_models(subpool: SubPool, describe: Literal["ordinal", "notes"] = "ordinal") -> str:
     """Workers as "Model 0..k-1". The paper shows ordinals only, so names cannot bias the choice."""
     lines = []
     for i, w in enumerate(subpool.workers):
@@ -250,7 +251,7 @@ def describe_models(subpool: "SubPool", describe: Literal["ordinal", "notes"] = 
     return "\n".join(lines)
 
 
-def conductor_prompt(question: str, subpool: "SubPool", *, fewshot: str = "ood",
+def conductor_prompt(question: str, subpool: SubPool, *, fewshot: str = "ood",
                      domain: str | None = None, max_steps: int = DEFAULT_MAX_STEPS,
                      describe: Literal["ordinal", "notes"] = "ordinal") -> str:
     """The user message the conductor model receives (the backend applies its chat template).

@@ -54,7 +54,7 @@ class Question:
         """The option texts of a multiple-choice item (kept in metadata)."""
         return self.metadata.get("choices")
 
-    def with_prompt(self, prompt: str) -> "Question":
+    def with_prompt(self, prompt: str) -> Question:
         return replace(self, prompt=prompt)
 
 

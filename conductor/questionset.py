@@ -42,7 +42,7 @@ def split_spec(spec: str) -> list[tuple[str, int, int | None]]:
     return parts
 
 
-def load_questions(spec: str, limit: int | None = None) -> list["Question"]:
+def load_questions(spec: str, limit: int | None = None) -> list[Question]:
     """Load every part, keep ids unique, apply an overall limit last."""
     from conductor.datasets import load_dataset
 
@@ -57,7 +57,7 @@ def load_questions(spec: str, limit: int | None = None) -> list["Question"]:
     return out[:limit] if limit is not None else out
 
 
-def check_disjoint(train: list["Question"], held_out: list["Question"], what: str = "evaluation") -> None:
+def check_disjoint(train: list[Question], held_out: list[Question], what: str = "evaluation") -> None:
     """Held-out means held out: refuse an evaluation set that shares questions with the training mix."""
     shared = sorted({q.id for q in train} & {q.id for q in held_out})
     if shared:

@@ -26,9 +26,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from conductor.providers.base import ProviderError
 
@@ -84,7 +85,7 @@ class Bucket:
         self.level = min(self.level, 0.0)
 
 
-def bucket_shapes(limits: "Limits", burst_s: float) -> dict[str, tuple[float, float]]:
+def bucket_shapes(limits: Limits, burst_s: float) -> dict[str, tuple[float, float]]:
     """(rate per second, capacity) of the request and token buckets a worker's limits imply.
 
     >>> from conductor.pool import Limits
@@ -121,12 +122,12 @@ class SharedLimits(Protocol):
 
     spec: str
 
-    def key(self, name: str, limits: "Limits", burst_s: float) -> SharedKey: ...
+    def key(self, name: str, limits: Limits, burst_s: float) -> SharedKey: ...
 
 
 @dataclass
 class Permit:
-    limiter: "KeyLimiter"
+    limiter: KeyLimiter
     reserved_tokens: int
     lease: Any = None
     paused_s: float = 0.0      # spent waiting out Retry-After pauses: counts against the call's timeout
@@ -152,7 +153,7 @@ def check_pause(name: str, left: float, budget_s: float | None) -> None:
 class KeyLimiter:
     """All limits for one limit key, shared by every caller in this process (and beyond, with ``shared``)."""
 
-    def __init__(self, name: str, limits: "Limits", burst_s: float = 1.0, *,
+    def __init__(self, name: str, limits: Limits, burst_s: float = 1.0, *,
                  shared: SharedKey | None = None, max_pause_s: float = DEFAULT_MAX_PAUSE_S):
         self.name = name
         shapes = bucket_shapes(limits, burst_s)
@@ -269,11 +270,11 @@ class RateLimiter:
         self.max_pause_s = max_pause_s
         self._keys: dict[tuple[str, str, str], KeyLimiter] = {}
 
-    def fresh(self) -> "RateLimiter":
+    def fresh(self) -> RateLimiter:
         """The same configuration with new per-loop state (semaphores cannot cross event loops)."""
         return RateLimiter(self.burst_s, self.shared, self.max_pause_s)
 
-    def for_worker(self, worker: "Worker") -> KeyLimiter:
+    def for_worker(self, worker: Worker) -> KeyLimiter:
         key = worker.limit_key
         lim = self._keys.get(key)
         if lim is None:
@@ -284,7 +285,7 @@ class RateLimiter:
         return lim
 
     @asynccontextmanager
-    async def slot(self, worker: "Worker", tokens: int = 0, timeout_s: float | None = None) -> AsyncIterator[Permit]:
+    async def slot(self, worker: Worker, tokens: int = 0, timeout_s: float | None = None) -> AsyncIterator[Permit]:
         async with self.for_worker(worker).slot(tokens, timeout_s) as permit:
             yield permit
 
@@ -294,7 +295,7 @@ class RateLimiter:
                 for k in self._keys.values()}
 
 
-def limit_problems(worker: "Worker") -> list[str]:
+def limit_problems(worker: Worker) -> list[str]:
     """Limits under which this worker can never be called, as one-line messages (empty: fine).
 
     >>> from conductor.pool import Worker

@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from conductor.executor import Budget, Executor, QuestionState, RoundResult
 from conductor.secrets import redact
@@ -37,7 +38,7 @@ ConductorFn = Callable[[str], Awaitable["Generation"]]
 _INVALID_HINTS = ("outside the pool", "allowed", "refers", "repeats", "not an integer", "is empty")
 
 
-def parse_status_of(err: "ParseError") -> str:
+def parse_status_of(err: ParseError) -> str:
     """'invalid' when the lists were read but break a rule (range, length cap, references), else 'parse_error'.
 
     >>> from conductor.parser import ParseError
@@ -63,13 +64,13 @@ def recursion_round_prompt(root_prompt: str, previous_completion: str, previous_
 
 def conductor_fn_from_backend(backend: Any, params: Any) -> ConductorFn:
     """Wrap a (synchronous) ``PolicyBackend`` as the async conductor call recursion needs."""
-    async def call(prompt: str) -> "Generation":
+    async def call(prompt: str) -> Generation:
         out = await asyncio.to_thread(backend.generate, [prompt], 1, params)
         return out[0][0]
     return call
 
 
-def _parse(text: str, n_workers: int, max_steps: int, allow_empty: bool) -> "Workflow | ParseError":
+def _parse(text: str, n_workers: int, max_steps: int, allow_empty: bool) -> Workflow | ParseError:
     from conductor.parser import parse_workflow
 
     return parse_workflow(text, n_workers=n_workers, max_steps=max_steps, allow_empty=allow_empty)
@@ -80,17 +81,17 @@ def _record_round(rnd: Round, wf: Workflow, res: RoundResult) -> None:
     rnd.final_answer = res.final_answer
 
 
-def _fail(traj: "Trajectory", cause: str) -> "Trajectory":
+def _fail(traj: Trajectory, cause: str) -> Trajectory:
     traj.infra_failed = True
     traj.infra_cause = redact(cause)
     traj.final_answer = None
     return traj
 
 
-async def execute_trajectory(traj: "Trajectory", subpool: "SubPool", executor: Executor, *,
+async def execute_trajectory(traj: Trajectory, subpool: SubPool, executor: Executor, *,
                              conductor: ConductorFn | None = None, max_depth: int = 0,
                              max_steps: int = DEFAULT_MAX_STEPS, budget: Budget | None = None,
-                             call_factor: float = 2.0, sequential: bool = False) -> "Trajectory":
+                             call_factor: float = 2.0, sequential: bool = False) -> Trajectory:
     """Fill ``traj`` (whose rounds[0] holds prompt + completion): rounds, calls, final answer, infra fields.
 
     Parse errors are recorded in rounds[0] and nothing runs. Grading is not done here.
@@ -110,9 +111,9 @@ async def execute_trajectory(traj: "Trajectory", subpool: "SubPool", executor: E
         traj.wall_s = time.perf_counter() - start
 
 
-async def _execute(traj: "Trajectory", root: Round, subpool: "SubPool", executor: Executor, state: QuestionState,
+async def _execute(traj: Trajectory, root: Round, subpool: SubPool, executor: Executor, state: QuestionState,
                    conductor: ConductorFn | None, max_depth: int, max_steps: int, call_factor: float,
-                   sequential: bool) -> "Trajectory":
+                   sequential: bool) -> Trajectory:
     from conductor.parser import ParseError
 
     wf = _parse(root.completion, len(subpool), max_steps, allow_empty=False)
@@ -190,14 +191,14 @@ async def _execute(traj: "Trajectory", root: Round, subpool: "SubPool", executor
     return traj
 
 
-async def execute_batch(trajs: Sequence["Trajectory"], subpools: "SubPool | Sequence[SubPool] | Callable[[Trajectory], SubPool]",
+async def execute_batch(trajs: Sequence[Trajectory], subpools: SubPool | Sequence[SubPool] | Callable[[Trajectory], SubPool],
                         executor: Executor, *, max_in_flight: int = 1024, progress: bool = False,
-                        on_done: Callable[["Trajectory"], None] | None = None, **kw: Any) -> list["Trajectory"]:
+                        on_done: Callable[[Trajectory], None] | None = None, **kw: Any) -> list[Trajectory]:
     """Many trajectories concurrently in this event loop, sharing the executor's limits and cache.
 
     One trajectory's failure (infra or bad input) never stops the others.
     """
-    def pool_for(i: int, t: "Trajectory") -> "SubPool":
+    def pool_for(i: int, t: Trajectory) -> SubPool:
         if callable(subpools):
             return subpools(t)
         if isinstance(subpools, Sequence):
@@ -213,7 +214,7 @@ async def execute_batch(trajs: Sequence["Trajectory"], subpools: "SubPool | Sequ
         bar.start()
         task = bar.add_task("executing workflows", total=len(trajs))
 
-    async def one(i: int, t: "Trajectory") -> "Trajectory":
+    async def one(i: int, t: Trajectory) -> Trajectory:
         async with gate:
             try:
                 await execute_trajectory(t, pool_for(i, t), executor, **kw)
@@ -232,9 +233,9 @@ async def execute_batch(trajs: Sequence["Trajectory"], subpools: "SubPool | Sequ
             bar.stop()
 
 
-def run_batch(trajs: Sequence["Trajectory"], subpools: Any, executor: Executor, **kw: Any) -> list["Trajectory"]:
+def run_batch(trajs: Sequence[Trajectory], subpools: Any, executor: Executor, **kw: Any) -> list[Trajectory]:
     """Synchronous wrapper: one event loop for the whole batch, SDK clients closed at the end."""
-    async def main() -> list["Trajectory"]:
+    async def main() -> list[Trajectory]:
         try:
             return await execute_batch(trajs, subpools, executor, **kw)
         finally:

@@ -20,8 +20,9 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from conductor.evaluation import EvalReport
@@ -66,7 +67,7 @@ class Decision:
     regressions: dict[str, float] = field(default_factory=dict)
 
 
-def decide(report: "EvalReport", policy: PromotionPolicy, candidate_id: str = "",
+def decide(report: EvalReport, policy: PromotionPolicy, candidate_id: str = "",
            champion_id: str | None = None) -> Decision:
     """The promotion rule as a pure function of the report and the policy."""
     p = report.p_value(policy.test)
@@ -211,7 +212,7 @@ class MlflowBackend:
 
     def __init__(self, tracking_uri: str, model_name: str = "conductor"):
         try:
-            from mlflow import MlflowClient   # optional dependency: pip install 'conductor-orchestra[mlflow]'
+            from mlflow import MlflowClient  # optional dependency: pip install 'conductor-orchestra[mlflow]'
             from mlflow.exceptions import MlflowException
         except ImportError:
             raise RegistryError("the MLflow registry backend needs mlflow: pip install 'conductor-orchestra[mlflow]'") from None
@@ -302,7 +303,7 @@ class Registry:
         self.backend = backend
 
     @classmethod
-    def open(cls, uri: str) -> "Registry":
+    def open(cls, uri: str) -> Registry:
         """``mlflow+<tracking-uri>#<model>`` for MLflow (e.g. ``mlflow+sqlite:///m.db#conductor``), else a file root."""
         if uri.startswith("mlflow+"):
             tracking, _, model = uri.removeprefix("mlflow+").partition("#")
@@ -361,7 +362,7 @@ class Registry:
         self.backend.swap(CHALLENGER, checkpoint_id, {"time": _now(), "action": "challenger", "alias": CHALLENGER,
                                                       "checkpoint_id": checkpoint_id, "reason": reason, **extra})
 
-    def promote_if_better(self, candidate_id: str, report: "EvalReport | None",
+    def promote_if_better(self, candidate_id: str, report: EvalReport | None,
                           policy: PromotionPolicy = PromotionPolicy()) -> Decision:
         """Promote when the report says so; otherwise record the candidate as challenger with the reason.
 

@@ -11,27 +11,28 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from conductor.executor import Executor
-    from conductor.servers import EmbeddedServers
     from conductor.policy.base import PolicyBackend
     from conductor.pool import Pool
+    from conductor.servers import EmbeddedServers
 
 EMBEDDED_CONDUCTOR_MODEL = "qwen2.5-coder-1.5b-instruct"
 
 
 @dataclass
 class Live:
-    pool: "Pool"                 # embedded URLs resolved to the running servers
-    manifest: "Pool"             # as written (cache keys and fingerprints come from this one)
-    policy: "PolicyBackend"
+    pool: Pool                 # embedded URLs resolved to the running servers
+    manifest: Pool             # as written (cache keys and fingerprints come from this one)
+    policy: PolicyBackend
     checkpoint_id: str
-    _executors: dict[tuple[str | None, bool, str | None], "Executor"] = field(default_factory=dict)
+    _executors: dict[tuple[str | None, bool, str | None], Executor] = field(default_factory=dict)
 
-    def executor(self, cache_path: str | None = None, replay: bool = False, limits: str | None = None) -> "Executor":
+    def executor(self, cache_path: str | None = None, replay: bool = False, limits: str | None = None) -> Executor:
         """The executor for this cache (built once): rate limits and an on-disk response cache (replay: never
         call a provider). ``limits``: where the rate limits live when processes share a quota
         (``sqlite:PATH``, ``prefect``; None/``local``: this process; conductor/shared_limits.py)."""
@@ -47,7 +48,7 @@ class Live:
         return self._executors[key]
 
 
-    def cached_policy(self, executor: "Executor") -> "PolicyBackend":
+    def cached_policy(self, executor: Executor) -> PolicyBackend:
         """The conductor with its reproducible (greedy or seeded) generations cached in the executor's
         response cache, so a deterministic rerun re-reads its workflows (conductor/policy/cached.py)."""
         if executor.cache is None:
@@ -64,7 +65,7 @@ def registry_uri() -> str:
     return os.environ.get("CONDUCTOR_REGISTRY") or str(conductor_home() / "registry")
 
 
-def conductor_policy(spec: str, embedded_url: Any = None, pool: "Pool | None" = None) -> tuple["PolicyBackend", str]:
+def conductor_policy(spec: str, embedded_url: Any = None, pool: Pool | None = None) -> tuple[PolicyBackend, str]:
     """(policy, checkpoint id) for a conductor spec.
 
     ``auto`` is the registry's champion when one has been promoted, else ``embedded`` (the 1.5B model,
@@ -98,7 +99,7 @@ def conductor_policy(spec: str, embedded_url: Any = None, pool: "Pool | None" = 
     return make_policy(spec), spec
 
 
-def conductor_server_url(servers: "EmbeddedServers", model: str) -> str:
+def conductor_server_url(servers: EmbeddedServers, model: str) -> str:
     """Start (once) the embedded conductor's own llama.cpp server and return its URL.
 
     WHY its own: llama.cpp keeps the KV cache of the previous prompt and re-reads only what differs. The
@@ -125,7 +126,7 @@ class StartOnUse:
     """A policy whose server is reserved, not started: it starts before the first generation, so a rerun
     whose conductor generations all come from the cache never loads the model."""
 
-    inner: "PolicyBackend"
+    inner: PolicyBackend
     base_url: str
 
     @property
@@ -164,7 +165,7 @@ def _champion(spec: str) -> tuple[str, Any]:
 
 
 @contextlib.contextmanager
-def serving(manifest: "Pool", conductor: str = "auto", bind_as_worker: bool = True) -> Iterator[Live]:
+def serving(manifest: Pool, conductor: str = "auto", bind_as_worker: bool = True) -> Iterator[Live]:
     """Start what the run needs; stop all of it on exit, even after an error or Ctrl-C."""
     from conductor.policy.strategies import strategy_pool
     from conductor.servers import EmbeddedServers, embedded_models, resolve_embedded
@@ -205,7 +206,7 @@ def _close_executors(live: Live) -> None:
 _SHARED: dict[tuple[str, str], tuple[contextlib.ExitStack, Live]] = {}
 
 
-def shared_live(manifest: "Pool", conductor: str) -> Live:
+def shared_live(manifest: Pool, conductor: str) -> Live:
     """A per-process ``serving`` kept open for the life of the process.
 
     Shard tasks on a Dask/Ray worker build their own runtime from plain specs (a

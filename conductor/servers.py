@@ -26,9 +26,10 @@ import time
 import urllib.error
 import urllib.request
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Iterable
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     from conductor.pool import Pool, Worker
@@ -111,14 +112,14 @@ class ServerProcess(ABC):
         return None
 
     @classmethod
-    def adapt(cls, worker: "Worker", alias: str) -> "Worker":
+    def adapt(cls, worker: Worker, alias: str) -> Worker:
         """The worker as a server of this kind for ``alias`` needs it called; unchanged by default.
 
         A classmethod so resolution can check every worker before starting any server.
         """
         return worker
 
-    def start(self) -> "ServerProcess":
+    def start(self) -> ServerProcess:
         if self.process is not None and self.process.poll() is None:
             return self
         self.port = self.port or free_port(self.host)
@@ -169,7 +170,7 @@ class ServerProcess(ABC):
         if self in _LIVE:
             _LIVE.remove(self)
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -328,7 +329,7 @@ class EmbeddedServers:
             _RESERVED.pop(server.url, None)
         self.servers.clear()
 
-    def __enter__(self) -> "EmbeddedServers":
+    def __enter__(self) -> EmbeddedServers:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -366,7 +367,7 @@ def embedded_name(base_url: str | None) -> str | None:
     return None
 
 
-def embedded_models(pool: "Pool") -> list[str]:
+def embedded_models(pool: Pool) -> list[str]:
     """Distinct embedded models a pool needs, in manifest order."""
     seen: list[str] = []
     for w in pool.workers:
@@ -376,8 +377,8 @@ def embedded_models(pool: "Pool") -> list[str]:
     return seen
 
 
-def resolve_embedded(pool: "Pool", servers: EmbeddedServers | None = None,
-                     lazy: bool = False) -> tuple["Pool", EmbeddedServers]:
+def resolve_embedded(pool: Pool, servers: EmbeddedServers | None = None,
+                     lazy: bool = False) -> tuple[Pool, EmbeddedServers]:
     """Start servers for every ``embedded://`` worker and return (pool with real URLs, servers).
 
     Compute ``pool.fingerprint`` (and any cache keys) from the manifest pool, before
@@ -388,8 +389,7 @@ def resolve_embedded(pool: "Pool", servers: EmbeddedServers | None = None,
     is adapted to its server (``ServerProcess.adapt``): the transformers server only
     answers requests naming its model, so a worker's ``model`` becomes the server's.
     """
-    from conductor.cache import MANIFEST_URL_OPTION   # the cache keys on it, so it survives new ports
-
+    from conductor.cache import MANIFEST_URL_OPTION  # the cache keys on it, so it survives new ports
     from conductor.embedded import spec_for
 
     servers = servers or EmbeddedServers()

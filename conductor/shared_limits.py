@@ -92,7 +92,7 @@ class SQLiteLimits:
         conn.execute("COMMIT")
         return out
 
-    def key(self, name: str, limits: "Limits", burst_s: float) -> "SQLiteKey":
+    def key(self, name: str, limits: Limits, burst_s: float) -> SQLiteKey:
         return SQLiteKey(self, name, limits, burst_s)
 
     def close(self) -> None:
@@ -131,7 +131,7 @@ def _pid_alive(pid: int) -> bool:
 class SQLiteKey:
     """One limit key in a ``SQLiteLimits`` store."""
 
-    def __init__(self, store: SQLiteLimits, name: str, limits: "Limits", burst_s: float):
+    def __init__(self, store: SQLiteLimits, name: str, limits: Limits, burst_s: float):
         self.store = store
         self.name = name
         self.shapes = bucket_shapes(limits, burst_s)
@@ -242,7 +242,7 @@ class PrefectLimits:
         self.spec = "prefect" if prefix == "conductor" else f"prefect:{prefix}"
         self._ready: set[str] = set()
 
-    def key(self, name: str, limits: "Limits", burst_s: float) -> "PrefectKey":
+    def key(self, name: str, limits: Limits, burst_s: float) -> PrefectKey:
         return PrefectKey(self, name, limits, burst_s)
 
     def name(self, key: str, part: str) -> str:
@@ -282,7 +282,7 @@ class PrefectLimits:
 class PrefectKey:
     """One limit key as Prefect global concurrency limits."""
 
-    def __init__(self, store: PrefectLimits, name: str, limits: "Limits", burst_s: float):
+    def __init__(self, store: PrefectLimits, name: str, limits: Limits, burst_s: float):
         self.store = store
         self.shapes = bucket_shapes(limits, burst_s)
         self.max_concurrency = limits.max_concurrency
@@ -330,7 +330,7 @@ class PrefectKey:
                 self.names["rpm"], GlobalConcurrencyLimitUpdate(active_slots=max(1, int(self.shapes["rpm"][1]))))
 
 
-def open_shared(spec: str | None) -> "SharedLimits | None":
+def open_shared(spec: str | None) -> SharedLimits | None:
     """A store from its spec: None/``local`` (this process only), ``sqlite:PATH``, ``prefect[:PREFIX]``.
 
     >>> open_shared("local") is None

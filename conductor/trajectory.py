@@ -137,7 +137,7 @@ class Trajectory:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Trajectory":
+    def from_dict(cls, d: dict[str, Any]) -> Trajectory:
         names = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in d.items() if k in names}
         kw["rounds"] = [Round(**{k: v for k, v in r.items() if k in _ROUND_FIELDS}) for r in d.get("rounds") or []]

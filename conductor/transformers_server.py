@@ -180,7 +180,7 @@ class TransformersServer(ServerProcess):
             return False
 
     @classmethod
-    def adapt(cls, worker: "Worker", alias: str) -> "Worker":
+    def adapt(cls, worker: Worker, alias: str) -> Worker:
         return adapt_worker(worker, alias)
 
 
@@ -188,7 +188,7 @@ class TransformersServer(ServerProcess):
 _UNSUPPORTED = ("presence_penalty", "reasoning_effort")
 
 
-def adapt_worker(worker: "Worker", served_model: str) -> "Worker":
+def adapt_worker(worker: Worker, served_model: str) -> Worker:
     """A worker called through ``transformers serve``: the served model name; top-k as a generation config.
 
     >>> from conductor.pool import Worker

@@ -11,10 +11,10 @@ earlier step indices (the paper's fine-grained ablation, App. B.8).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 ALL: Literal["all"] = "all"
-Access = Union[Literal["all"], tuple[int, ...]]
+Access = Literal["all"] | tuple[int, ...]
 DEFAULT_MAX_STEPS = 5
 
 
@@ -44,7 +44,7 @@ class Step:
                 "access": ALL if self.access == ALL else list(self.access)}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "Step":
+    def from_json(cls, d: dict[str, Any]) -> Step:
         access = d.get("access", [])
         return cls(int(d["worker"]), str(d["subtask"]),
                    ALL if access == ALL else tuple(int(a) for a in access))
@@ -77,7 +77,7 @@ class Workflow:
         return [s.sees(i) for i, s in enumerate(self.steps)]
 
     def validate(self, n_workers: int | None = None, max_steps: int = DEFAULT_MAX_STEPS,
-                 allow_empty: bool = False) -> "Workflow":
+                 allow_empty: bool = False) -> Workflow:
         """Raise WorkflowError naming the list and the reason; return self when valid."""
         if not self.steps:
             if allow_empty:
@@ -111,11 +111,11 @@ class Workflow:
         return {"steps": [s.to_json() for s in self.steps]}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "Workflow":
+    def from_json(cls, d: dict[str, Any]) -> Workflow:
         return cls(tuple(Step.from_json(s) for s in d.get("steps", [])))
 
     @classmethod
-    def from_lists(cls, model_id: list[int], subtasks: list[str], access_list: list[Access]) -> "Workflow":
+    def from_lists(cls, model_id: list[int], subtasks: list[str], access_list: list[Access]) -> Workflow:
         if not (len(model_id) == len(subtasks) == len(access_list)):
             raise WorkflowError("workflow", "lists have different lengths: "
                                 f"model_id={len(model_id)}, subtasks={len(subtasks)}, access_list={len(access_list)}")

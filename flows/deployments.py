@@ -16,9 +16,10 @@ import importlib
 import inspect
 import json
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -251,7 +252,7 @@ def check_parameters(spec: DeploymentSpec, flow_obj: Any) -> None:
                                     f"set it with --param {spec.name}.{missing[0]}=VALUE")
 
 
-def to_runner_deployment(spec: DeploymentSpec) -> "RunnerDeployment":
+def to_runner_deployment(spec: DeploymentSpec) -> RunnerDeployment:
     """A RunnerDeployment that ``prefect.serve`` can run (module entrypoint: independent of the working directory)."""
     from prefect.deployments.runner import EntrypointType
 
@@ -271,7 +272,7 @@ def to_runner_deployment(spec: DeploymentSpec) -> "RunnerDeployment":
         raise DeploymentConfigError(f"deployment {spec.name}: {str(e).splitlines()[0]}") from None
 
 
-def runner_deployments(specs: Sequence[DeploymentSpec]) -> list["RunnerDeployment"]:
+def runner_deployments(specs: Sequence[DeploymentSpec]) -> list[RunnerDeployment]:
     return [to_runner_deployment(s) for s in specs]
 
 

@@ -27,8 +27,8 @@ def dated_out(out_root: str, scheduled: Any) -> str:
     """
     import datetime as dt
 
-    when = scheduled or dt.datetime.now(dt.timezone.utc)
-    return str(Path(out_root) / when.astimezone(dt.timezone.utc).date().isoformat())
+    when = scheduled or dt.datetime.now(dt.UTC)
+    return str(Path(out_root) / when.astimezone(dt.UTC).date().isoformat())
 
 
 @flow(name="conductor-scheduled-answer", persist_result=False, log_prints=True)

@@ -10,7 +10,7 @@ run uses it. The values go into ``os.environ`` of the flow-run process only, are
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 
 def export_secret_blocks(mapping: Mapping[str, str] | None) -> list[str]:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 

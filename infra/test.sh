@@ -6,4 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
 bash infra/install.sh --profile all --models smollm2-135m-instruct
+"${PYTHON:-python}" -m ruff check .          # lint (configuration: [tool.ruff] in pyproject.toml); fails the run
 "${PYTHON:-python}" -m pytest -q -p no:cacheprovider "$@"

@@ -6,7 +6,8 @@ what makes reruns cheap is the lake (finished shards are skipped) and the respon
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NONE

@@ -3,7 +3,8 @@ task runner (threads, a Dask cluster, Ray) and builds or reuses its own runtime 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NONE

@@ -7,7 +7,8 @@ explicit imports; every test drives the real SDK clients over 127.0.0.1.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 

@@ -7,7 +7,7 @@ import logging
 import os
 import socket
 import urllib.request
-from typing import Iterator
+from collections.abc import Iterator
 
 
 @contextlib.contextmanager

@@ -8,7 +8,15 @@ import random
 import pytest
 
 from conductor.evaluation import (
-    EvalReport, EvalRow, compare, mcnemar, mcnemar_exact, mean_se, paired_bootstrap, question_mean_se, summarize,
+    EvalReport,
+    EvalRow,
+    compare,
+    mcnemar,
+    mcnemar_exact,
+    mean_se,
+    paired_bootstrap,
+    question_mean_se,
+    summarize,
     to_rows,
 )
 from conductor.trajectory import CallRecord, Trajectory

@@ -8,8 +8,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conductor.extract import (DEFAULT_RULES, Extraction, _fenced_blocks, answer_tag, boxed, choice_letter, code_block, extract,
-                               final_answer_line, last_number)
+from conductor.extract import (
+    DEFAULT_RULES,
+    Extraction,
+    _fenced_blocks,
+    answer_tag,
+    boxed,
+    choice_letter,
+    code_block,
+    extract,
+    final_answer_line,
+    last_number,
+)
 
 latex_atoms = st.sampled_from(["x", "1", "\\pi", "\\frac{a}{b}", "\\sqrt{2}", "{y}", "\\{1,2\\}", "(3, 4)", "-7"])
 balanced = st.recursive(latex_atoms, lambda inner: st.one_of(

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from conductor.datasets import load_dataset
 from conductor.grading import GradeResult, get_grader, grade_many
 from conductor.grading.code import CodeGrader
+from conductor.grading.equivalence import MathGrader
 from conductor.grading.mathverify import MathVerifyPool
 from conductor.grading.numeric import to_number
-from conductor.grading.equivalence import MathGrader
 from conductor.questions import Question
 from conductor.sandbox import Limits, Sandbox
 

@@ -14,7 +14,6 @@ from conductor.grpo.modes import RandomizedPoolConfig, forced_recursion_samples
 from conductor.grpo.samples import build_samples
 from conductor.pool import load_pool
 from conductor.trajectory import Round
-
 from grpo_fixtures import rollout, tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,9 +155,9 @@ def tiny(tmp_path_factory) -> Path:
 
 
 def _seq_logprob(trainer, prompt: str, completion: str) -> float:
-    from conductor.grpo.samples import Sample
     from conductor.grpo.batching import encode, make_batch
     from conductor.grpo.logprobs import completion_logprobs
+    from conductor.grpo.samples import Sample
 
     e = encode(trainer.tokenizer, Sample("x", 0, ("r", "q"), prompt, completion, 0.0), trainer.cfg)
     with torch.no_grad():
@@ -282,9 +281,9 @@ def test_real_grpo_step_on_smollm2_135m(tmp_path):
 
 
 def test_shared_prompt_forward_gives_the_same_logprobs_and_gradients(tiny):
-    from conductor.grpo.samples import Sample
     from conductor.grpo.batching import encode, make_batch
     from conductor.grpo.logprobs import completion_logprobs
+    from conductor.grpo.samples import Sample
     from conductor.grpo.trainer import PolicyTrainer
 
     tr = PolicyTrainer(str(tiny), GRPOConfig.cpu(total_iterations=2))
@@ -335,8 +334,8 @@ def test_behaviour_logprobs_from_the_transformers_backend_match_the_trainer(tiny
     """Sample with the transformers policy backend from the very model being trained: the trainer's
     tokenisation and log-probs must reproduce the sampler's, i.e. the first ratio is 1 and the KL 0."""
     backend_mod = pytest.importorskip("conductor.policy.transformers_backend")
-    from conductor.policy.base import GenerationParams
     from conductor.grpo.trainer import PolicyTrainer
+    from conductor.policy.base import GenerationParams
 
     tr = PolicyTrainer(str(tiny), GRPOConfig.cpu(learning_rate=1e-3, total_iterations=2))
     backend = backend_mod.TransformersBackend(tr.model, tr.tokenizer, batch_size=4)

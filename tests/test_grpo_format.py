@@ -10,12 +10,10 @@ from pathlib import Path
 import pytest
 
 from conductor.grpo.checkpoint import formatted_base
-from conductor.grpo.format import (DEFAULT_SUBTASKS, FORMAT_FILE, ConductorFormat, load_format,
-                                   n_workers_in)
+from conductor.grpo.format import DEFAULT_SUBTASKS, FORMAT_FILE, ConductorFormat, load_format, n_workers_in
 from conductor.parser import parse_workflow
 from conductor.policy.base import GenerationParams
 from conductor.workflow import Workflow
-
 from grpo_fixtures import rollout, tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from conductor.grpo.config import GRPOConfig, GRPOConfigError
-
 from grpo_fixtures import rollout, tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,10 +87,11 @@ def test_two_rank_fsdp_step_equals_the_single_process_step_and_chains(tmp_path):
     pytest.importorskip("trl")
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
+    from transformers import AutoTokenizer
+
     from conductor.grpo.launch import torchrun_train_step
     from conductor.grpo.trainer import grpo_step
     from conductor.lake import load_trajectories, write_shard
-    from transformers import AutoTokenizer
 
     base = tiny_checkpoint(tmp_path / "base")
     tok = AutoTokenizer.from_pretrained(base)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from lake_records import small_lake_records
 
 from conductor.lake import open_lake, shard_done, write_shard
+from lake_records import small_lake_records
 
 ROOT = Path(__file__).resolve().parent.parent
 PART = "kind=rollout/date=2026-11-20/run_id=r1"

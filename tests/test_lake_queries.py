@@ -15,13 +15,13 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from lake_records import small_lake_records, traj
 
 from conductor.lake import queries as q
 from conductor.lake import write_shard
 from conductor.lake.report import render_report
 from conductor.lake.schema import file_schema, trajectory_row
 from conductor.lake.writer import _drop_keys
+from lake_records import small_lake_records, traj
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from lake_records import small_lake_records
 
 from conductor.lake import load_trajectories, open_lake, shard_done, write_shard
 from conductor.lake import queries as q
+from lake_records import small_lake_records
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "s3cr3t-never-in-the-lake"

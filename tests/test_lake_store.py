@@ -11,14 +11,18 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from lake_records import small_lake_records, traj
 
 from conductor.lake import LakeSchemaError, load_trajectories, open_lake, scan, shard_done, write_shard
 from conductor.lake.schema import (
-    CALLS_SCHEMA, SCHEMA_VERSION, TRAJECTORIES_SCHEMA, file_schema, trajectory_row,
+    CALLS_SCHEMA,
+    SCHEMA_VERSION,
+    TRAJECTORIES_SCHEMA,
+    file_schema,
+    trajectory_row,
 )
 from conductor.lake.writer import _drop_keys
 from conductor.trajectory import Round, Trajectory
+from lake_records import small_lake_records, traj
 
 
 def _files(root) -> list[str]:

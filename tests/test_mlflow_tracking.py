@@ -13,7 +13,6 @@ pytest.importorskip("mlflow")
 
 from conductor.grpo.config import GRPOConfig
 from conductor.trajectory import CallRecord
-
 from grpo_fixtures import rollout, tiny_checkpoint
 
 

@@ -15,8 +15,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from conductor.emulator import Emulator, EmulatorConfig
 
 ROOT = Path(__file__).resolve().parents[1]

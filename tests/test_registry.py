@@ -131,7 +131,7 @@ def test_corrupt_registry_document_is_a_clear_error(tmp_path):
     (tmp_path / "reg").mkdir()
     (tmp_path / "reg" / "registry.json").write_text("{not json")
     with pytest.raises(RegistryError, match=r"registry.json: corrupt registry document"):
-        Registry(str(tmp_path / "reg")).champion
+        _ = Registry(str(tmp_path / "reg")).champion
 
 
 # ------------------------------------------------------------------ S3 (moto server on loopback)
@@ -161,10 +161,9 @@ def test_registry_on_s3(s3):
 
 def test_checkpoint_saved_to_s3_and_trained_from_it(s3, tmp_path):
     pytest.importorskip("trl")
-    from grpo_fixtures import rollout, tiny_checkpoint
-
     from conductor.grpo.config import GRPOConfig
     from conductor.grpo.trainer import grpo_step
+    from grpo_fixtures import rollout, tiny_checkpoint
 
     os.environ["CONDUCTOR_HOME"] = str(tmp_path / "home")
     try:

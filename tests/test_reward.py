@@ -6,8 +6,7 @@ import pytest
 
 from conductor.datasets import load_dataset
 from conductor.questions import Question
-from conductor.reward import (PAPER, RewardScheme, recursion_round_rewards, reward, score_trajectories,
-                              score_trajectory)
+from conductor.reward import PAPER, RewardScheme, recursion_round_rewards, reward, score_trajectories, score_trajectory
 from conductor.trajectory import Round, Trajectory
 
 
@@ -83,7 +82,7 @@ def test_batch_scoring_mixes_kinds():
              (he[0], f"```python\n{he[0].metadata['function_prompt']}{he[0].metadata['canonical_solution']}```", 1.0),
              (he[1], "```python\ndef separate_paren_groups(s):\n    return []\n```", 0.5)]
     trajs = []
-    for i, (q, answer, _) in enumerate(items):
+    for q, answer, _ in items:
         t = _traj(answer)
         t.question_id = q.id
         trajs.append(t)

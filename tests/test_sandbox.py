@@ -106,7 +106,7 @@ def as_normal_user(argv: list[str], home: str) -> list[str]:
 class UserSandbox:
     """The Sandbox API, served by a process running as the normal user (one request at a time)."""
 
-    def __init__(self, server: "_Server", limits: Limits | None = None, **kw) -> None:
+    def __init__(self, server: _Server, limits: Limits | None = None, **kw) -> None:
         self.server = server
         self.kw = {**kw, **({"limits": dataclasses.asdict(limits)} if limits else {})}
         info = self._ask({"op": "info"})

@@ -11,7 +11,12 @@ import pytest
 from conductor.pool import Worker, load_pool
 from conductor.providers.base import Message, ProviderError, make_provider
 from conductor.providers.simulated import (
-    GoldRecord, SimulatedProvider, clear_gold, register_gold, register_questions, write_gold_file,
+    GoldRecord,
+    SimulatedProvider,
+    clear_gold,
+    register_gold,
+    register_questions,
+    write_gold_file,
 )
 from conductor.workflow import Step, Workflow
 
@@ -165,8 +170,9 @@ def test_latency_option_is_applied():
 
 
 def test_wrong_answer_for_code_is_code():
-    from conductor.providers.simulated import format_answer, wrong_answer
     import random
+
+    from conductor.providers.simulated import format_answer, wrong_answer
 
     rec = GoldRecord("def f(x):\n    return x + 1\n", "code")
     text = format_answer(wrong_answer(rec, random.Random(0)), rec)

@@ -18,9 +18,15 @@ from hypothesis import strategies as st
 from conductor.lake.reader import scan
 from conductor.parser import parse_workflow
 from conductor.policy.base import GenerationParams
-from conductor.policy.strategies import (VOTE_WORKER, RandomWorkflowPolicy, StrategyError, check_strategy,
-                                         make_strategy, strategy_pool)
-from conductor.pool import load_pool, parse_pool
+from conductor.policy.strategies import (
+    VOTE_WORKER,
+    RandomWorkflowPolicy,
+    StrategyError,
+    check_strategy,
+    make_strategy,
+    strategy_pool,
+)
+from conductor.pool import load_pool
 from conductor.providers.vote import answer_key, majority
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,7 +13,6 @@ import pytest
 
 from conductor.lake import write_shard
 from conductor.trajectory import Trajectory, trajectory_id
-
 from grpo_fixtures import rollout, tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent

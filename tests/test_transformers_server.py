@@ -12,11 +12,11 @@ import json
 import socket
 
 import pytest
-from test_embedded import SMOL, smol_path
 
 from conductor.pool import parse_pool
 from conductor.servers import EmbeddedServers, ServerError, ServerSettings, resolve_embedded
 from conductor.transformers_server import TransformersServer, serving_dir
+from test_embedded import SMOL, smol_path
 
 needs_serve = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("transformers", "torch", "fastapi", "uvicorn")),

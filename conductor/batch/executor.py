@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from conductor.pool import Worker
     from conductor.trajectory import CallRecord
 
-_CURRENT: contextvars.ContextVar[tuple["CallRecord", Participant] | None] = contextvars.ContextVar(
+_CURRENT: contextvars.ContextVar[tuple[CallRecord, Participant] | None] = contextvars.ContextVar(
     "conductor_batch_call", default=None)
 
 
@@ -42,7 +42,7 @@ class BatchExecutor(Executor):
         self._adapters: dict[str, BatchAdapter] = {}
 
     @classmethod
-    def wrapping(cls, base: Executor, store: BatchStore, settings: BatchSettings | None = None) -> "BatchExecutor":
+    def wrapping(cls, base: Executor, store: BatchStore, settings: BatchSettings | None = None) -> BatchExecutor:
         """A batch executor sharing ``base``'s cache, limits, retry policy and budget."""
         ex = cls(store=store, settings=settings, cache=base.cache, limiter=base._limiter_template, retry=base.retry,
                  budget=base.budget)
@@ -73,7 +73,7 @@ class BatchExecutor(Executor):
         """Called in the run's event loop when a trajectory ends (even one that made no call)."""
         self.lane.finish()
 
-    def _adapter_for(self, group: str, worker: "Worker") -> BatchAdapter:
+    def _adapter_for(self, group: str, worker: Worker) -> BatchAdapter:
         if group not in self._adapters:
             self._adapters[group] = adapter_class(worker.provider)(self.provider(worker))
         return self._adapters[group]
@@ -90,7 +90,7 @@ class BatchExecutor(Executor):
         await super().aclose()
 
     # ------------------------------------------------------------ calls
-    async def call(self, worker: "Worker", messages: list[Message], rec: "CallRecord", *,
+    async def call(self, worker: Worker, messages: list[Message], rec: CallRecord, *,
                    sample_index: int = 0, state: QuestionState | None = None) -> Completion:
         """``Executor.call``, with the call counted as busy for its trajectory while it is not parked."""
         state = state or QuestionState(self.budget)
@@ -112,7 +112,7 @@ class BatchExecutor(Executor):
             part.busy -= 1
             lane.bump()
 
-    async def _call_provider(self, worker: "Worker", messages: list[Message], sample_index: int,
+    async def _call_provider(self, worker: Worker, messages: list[Message], sample_index: int,
                              state: QuestionState, who: str) -> tuple[Completion, int]:
         current = _CURRENT.get()
         if current is None or not self.settings.batches(worker):
@@ -127,7 +127,7 @@ class BatchExecutor(Executor):
         self._batch_billed[id(rec)] = out.cached_input_tokens
         return out, 0
 
-    def _fill(self, rec: "CallRecord", worker: "Worker", c: Completion, start: float, cache_hit: bool) -> None:  # type: ignore[override]
+    def _fill(self, rec: CallRecord, worker: Worker, c: Completion, start: float, cache_hit: bool) -> None:  # type: ignore[override]
         Executor._fill(rec, worker, c, start, cache_hit)
         cached = self._batch_billed.get(id(rec))
         if cached is not None:

@@ -6,7 +6,8 @@ for that it must know how many trajectories the run has and when each one ends, 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from conductor.batch.executor import BatchExecutor
 
@@ -15,12 +16,12 @@ if TYPE_CHECKING:
     from conductor.trajectory import Trajectory
 
 
-def execute_waves(trajectories: list["Trajectory"], spec: "RunSpec", executor: BatchExecutor, policy: Any = None,
-                  on_done: Callable[["Trajectory"], None] | None = None) -> list["Trajectory"]:
+def execute_waves(trajectories: list[Trajectory], spec: RunSpec, executor: BatchExecutor, policy: Any = None,
+                  on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
     """Like ``conductor.pipeline.execute`` (same records, same cache), with calls batched wave by wave."""
     from conductor.pipeline import execute
 
-    def done(t: "Trajectory") -> None:
+    def done(t: Trajectory) -> None:
         executor.trajectory_done()
         if on_done is not None:
             on_done(t)

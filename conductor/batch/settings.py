@@ -34,7 +34,7 @@ class BatchSettings:
         if self.resubmits < 0 or self.sync_below < 0 or self.max_requests < 1 or self.submit_attempts < 1:
             raise ValueError("batch settings: resubmits and sync_below >= 0, max_requests and submit_attempts >= 1")
 
-    def batches(self, worker: "Worker") -> bool:
+    def batches(self, worker: Worker) -> bool:
         """Does this worker's call go through a batch API in this run?
 
         >>> from conductor.pool import Worker

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from conductor.batch.adapters.base import BatchAdapter, BatchCompletion, BatchRequest, Outcome, Poll, group_key
 from conductor.batch.store import BatchStore, OpenBatch, StoredResult
@@ -49,7 +50,7 @@ class Participant:
 @dataclass(eq=False)
 class _Waiter:
     req: BatchRequest
-    future: "asyncio.Future[Any]"
+    future: asyncio.Future[Any]
     part: Participant
     parked: bool = False
 
@@ -57,7 +58,7 @@ class _Waiter:
 class WaveScheduler:
     """Bound to one event loop (futures and tasks cannot cross loops)."""
 
-    def __init__(self, store: BatchStore, settings: "BatchSettings", adapter_for: AdapterFor, retry: RetryPolicy,
+    def __init__(self, store: BatchStore, settings: BatchSettings, adapter_for: AdapterFor, retry: RetryPolicy,
                  expected: int | None = None):
         self.loop = asyncio.get_running_loop()
         self.store, self.settings, self.retry = store, settings, retry
@@ -324,13 +325,13 @@ class WaveScheduler:
             self._resolve(key, ProviderError(kind, f"batch request {o.kind} after {attempts} batch(es): {o.message}"))  # type: ignore[arg-type]
 
     # ------------------------------------------------------------ tasks
-    def _spawn(self, coro: Any) -> "asyncio.Task[Any]":
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = self.loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._done)
         return task
 
-    def _done(self, task: "asyncio.Task[Any]") -> None:
+    def _done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:   # a bug here must not strand parked callers
             log.error("batch scheduler task failed: %r", task.exception())

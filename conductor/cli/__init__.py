@@ -21,26 +21,26 @@ app = typer.Typer(
 )
 
 
-def fail(message: str, code: int = 2) -> "typer.Exit":
+def fail(message: str, code: int = 2) -> typer.Exit:
     """Print one line starting 'error:' to stderr and exit non-zero."""
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
 
 
 # Command modules: one line each; the import registers the commands.
+from conductor.cli import answer_cmd as _answer_cmd  # noqa: E402,F401
+from conductor.cli import compare_cmd as _compare_cmd  # noqa: E402,F401
+from conductor.cli import deploy_cmd as _deploy_cmd  # noqa: E402,F401
+from conductor.cli import exec_cmd as _exec_cmd  # noqa: E402,F401
+from conductor.cli import grade_cmd as _grade_cmd  # noqa: E402,F401
+from conductor.cli import lake_cmd as _lake_cmd  # noqa: E402,F401
+from conductor.cli import learn_cmd as _learn_cmd  # noqa: E402,F401
+from conductor.cli import models_cmd as _models_cmd  # noqa: E402,F401
 from conductor.cli import parse_cmd as _parse_cmd  # noqa: E402,F401
 from conductor.cli import pool_cmd as _pool_cmd  # noqa: E402,F401
-from conductor.cli import models_cmd as _models_cmd  # noqa: E402,F401
 from conductor.cli import prompt_cmd as _prompt_cmd  # noqa: E402,F401
-from conductor.cli import grade_cmd as _grade_cmd  # noqa: E402,F401
 from conductor.cli import query_cmd as _query_cmd  # noqa: E402,F401
-from conductor.cli import lake_cmd as _lake_cmd  # noqa: E402,F401
-from conductor.cli import answer_cmd as _answer_cmd  # noqa: E402,F401
-from conductor.cli import learn_cmd as _learn_cmd  # noqa: E402,F401
-from conductor.cli import deploy_cmd as _deploy_cmd  # noqa: E402,F401
 from conductor.cli import train_cmd as _train_cmd  # noqa: E402,F401
-from conductor.cli import exec_cmd as _exec_cmd  # noqa: E402,F401
-from conductor.cli import compare_cmd as _compare_cmd  # noqa: E402,F401
 
 
 def main() -> None:

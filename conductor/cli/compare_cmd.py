@@ -8,8 +8,8 @@ from pathlib import Path
 import typer
 
 from conductor.cli import app, fail
-
 from conductor.run_config import DEFAULT_POOL
+
 DEFAULT_STRATEGIES = "conductor,fixed:*,random"
 
 

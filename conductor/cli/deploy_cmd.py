@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-from typing import List
 
 import typer
 
@@ -15,7 +14,7 @@ deploy_app = typer.Typer(help="Scheduled deployments: nightly retraining and sch
 app.add_typer(deploy_app, name="deploy")
 
 
-def _specs(only: List[str], cron: List[str], interval: List[str], param: List[str], env=None):
+def _specs(only: list[str], cron: list[str], interval: list[str], param: list[str], env=None):
     from flows.deployments import DeploymentConfigError, apply_overrides, deployment_specs
 
     try:
@@ -31,7 +30,7 @@ PARAM = typer.Option([], "--param", help="NAME.key=VALUE: set a flow parameter (
 
 
 @deploy_app.command("list")
-def list_cmd(only: List[str] = ONLY, cron: List[str] = CRON, interval: List[str] = INTERVAL, param: List[str] = PARAM,
+def list_cmd(only: list[str] = ONLY, cron: list[str] = CRON, interval: list[str] = INTERVAL, param: list[str] = PARAM,
              server: bool = typer.Option(False, "--server", help="Also show what the Prefect server at PREFECT_API_URL "
                                          "has registered, with each deployment's last flow run.")) -> None:
     """Print the deployments (one JSON object per line) with their effective schedules and parameters."""
@@ -51,8 +50,14 @@ def _registered() -> dict:
         fail("--server needs PREFECT_API_URL (start one with `bash infra/prefect-server.sh start`)")
     import anyio
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (DeploymentFilter, DeploymentFilterId, FlowRunFilter, FlowRunFilterStartTime,
-                                                FlowRunFilterState, FlowRunFilterStateType)
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterStartTime,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
     from prefect.client.schemas.objects import StateType
     from prefect.client.schemas.sorting import DeploymentSort, FlowRunSort
 
@@ -84,7 +89,7 @@ def _registered() -> dict:
 
 
 @deploy_app.command("serve")
-def serve_cmd(only: List[str] = ONLY, cron: List[str] = CRON, interval: List[str] = INTERVAL, param: List[str] = PARAM,
+def serve_cmd(only: list[str] = ONLY, cron: list[str] = CRON, interval: list[str] = INTERVAL, param: list[str] = PARAM,
               limit: int = typer.Option(1, "--limit", min=1, help="Flow runs executed at once."),
               skip_missing: bool = typer.Option(False, "--skip-missing", help="Serve the others when a flow module is missing.")) -> None:
     """Register the deployments with the server at PREFECT_API_URL and run their scheduled flow runs (foreground)."""
@@ -99,7 +104,7 @@ def serve_cmd(only: List[str] = ONLY, cron: List[str] = CRON, interval: List[str
 
 @deploy_app.command("run")
 def run_cmd(name: str = typer.Argument(..., help="Deployment name, e.g. scheduled-answering."),
-            param: List[str] = typer.Option([], "--param", help="key=VALUE overrides for this run only (YAML values)."),
+            param: list[str] = typer.Option([], "--param", help="key=VALUE overrides for this run only (YAML values)."),
             wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait for the run to finish (a served or worker "
                                       "process must pick it up)."),
             timeout: float = typer.Option(3600, "--timeout", min=1, help="Seconds to wait.")) -> None:
@@ -136,7 +141,7 @@ def run_cmd(name: str = typer.Argument(..., help="Deployment name, e.g. schedule
 
 
 @deploy_app.command("yaml")
-def yaml_cmd(only: List[str] = ONLY, cron: List[str] = CRON, interval: List[str] = INTERVAL, param: List[str] = PARAM,
+def yaml_cmd(only: list[str] = ONLY, cron: list[str] = CRON, interval: list[str] = INTERVAL, param: list[str] = PARAM,
              image_env: bool = typer.Option(False, "--image-env", help="Use the paths inside our images instead of "
                                             "this shell's CONDUCTOR_* variables (how infra/prefect.yaml is made).")) -> None:
     """Print the prefect.yaml for `prefect deploy` (infra/prefect.yaml is `conductor deploy yaml --image-env`)."""

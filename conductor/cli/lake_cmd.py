@@ -6,8 +6,6 @@ atomic per output file and safe to interrupt (conductor/lake/compact.py).
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from conductor.cli import fail
@@ -17,8 +15,8 @@ from conductor.cli.query_cmd import lake_app
 @lake_app.command("compact")
 def compact_cmd(lake: str = typer.Option(..., "--lake", envvar="CONDUCTOR_LAKE",
                                          help="Lake root: a directory or s3://bucket/prefix."),
-                run_id: Optional[str] = typer.Option(None, "--run-id", help="Only this run (default: every run)."),
-                kind: Optional[str] = typer.Option(None, "--kind", help="Only rollout, eval or answer runs."),
+                run_id: str | None = typer.Option(None, "--run-id", help="Only this run (default: every run)."),
+                kind: str | None = typer.Option(None, "--kind", help="Only rollout, eval or answer runs."),
                 target_mb: float = typer.Option(128.0, "--target-mb", help="Size of the files written (MB).")) -> None:
     """Merge each partition's small files into files of about --target-mb; query results stay the same,
     and a rerun of the same `conductor answer` still finds every compacted shard done."""

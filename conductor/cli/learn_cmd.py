@@ -122,9 +122,9 @@ def nightly_cmd(
     config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
 ) -> None:
     """Retrain when the pool changed: rollouts -> GRPO x N, evaluate, promote if significantly better, report."""
+    from conductor.cli.boundary import flow_errors
     from conductor.datasets import DatasetError
     from conductor.questionset import check_disjoint, load_questions
-    from conductor.cli.boundary import flow_errors
     from flows.nightly import nightly_flow
 
     try:

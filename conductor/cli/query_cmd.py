@@ -7,7 +7,6 @@ AWS_* environment); ``--lake`` falls back to $CONDUCTOR_LAKE.
 from __future__ import annotations
 
 import sys
-from typing import Optional
 
 import typer
 
@@ -79,8 +78,8 @@ def query(sql: str = typer.Argument(..., help="SQL over the views `trajectories`
 @app.command("report")
 def report(lake: str = _LAKE,
            out: str = typer.Option(..., "--out", help="Directory for report.md and the PNG plots."),
-           run: Optional[str] = typer.Option(None, "--run", help="Only this run_id."),
-           kind: Optional[str] = typer.Option(None, "--kind", help="Only rollout, eval or answer rows.")) -> None:
+           run: str | None = typer.Option(None, "--run", help="Only this run_id."),
+           kind: str | None = typer.Option(None, "--kind", help="Only rollout, eval or answer rows.")) -> None:
     """Render the standard tables and plots (accuracy vs cost, workflow length, worker usage, failures)."""
     from pathlib import Path
 
@@ -106,7 +105,7 @@ def report(lake: str = _LAKE,
 
 @lake_app.command("stats")
 def stats(lake: str = _LAKE,
-          run: Optional[str] = typer.Option(None, "--run", help="Only this run_id."),
+          run: str | None = typer.Option(None, "--run", help="Only this run_id."),
           format: str = typer.Option("table", "--format", "-f", help="table, csv or json.")) -> None:
     """Trajectories, questions, shards, accuracy and dollars per (kind, date, run_id)."""
     if format not in _FORMATS:

@@ -43,7 +43,7 @@ def _registry(root: str | None, create: bool = False):
         fail(f"registry {root}: {e}")
 
 
-def _fail(message: str) -> "typer.Exit":
+def _fail(message: str) -> typer.Exit:
     """``fail`` on rank 0 only: under ``torchrun`` every rank meets the same error, one line is enough."""
     from conductor.grpo.distributed import world
 

@@ -14,8 +14,7 @@ from conductor.grading import code as _code  # noqa: F401  (registers "code")
 from conductor.grading import equivalence as _equivalence  # noqa: F401  (registers "math", "exact")
 from conductor.grading import mcq as _mcq  # noqa: F401  (registers "mcq")
 from conductor.grading import numeric as _numeric  # noqa: F401  (registers "numeric")
-from conductor.grading.base import (GradeResult, Grader, as_question, get_grader, grader_kinds, kind_of,
-                                    register_grader)
+from conductor.grading.base import Grader, GradeResult, as_question, get_grader, grader_kinds, kind_of, register_grader
 from conductor.questions import Question
 
 
@@ -25,7 +24,7 @@ def grade(question: Question, response: str | None, kind: str | None = None) -> 
     return _guarded(get_grader(kind or kind_of(question)), question, response)
 
 
-def _guarded(grader: Grader, question: "Question | str | Mapping[str, Any]", response: str | None) -> GradeResult:
+def _guarded(grader: Grader, question: Question | str | Mapping[str, Any], response: str | None) -> GradeResult:
     try:
         return grader.grade(question, response)
     except Exception as exc:  # noqa: BLE001  (reported as the item's error; the batch goes on)
@@ -33,7 +32,7 @@ def _guarded(grader: Grader, question: "Question | str | Mapping[str, Any]", res
                                         f"{str(exc)[:200]}")
 
 
-def grade_many(questions: Sequence["Question | str | Mapping[str, Any]"], responses: Sequence[str | None],
+def grade_many(questions: Sequence[Question | str | Mapping[str, Any]], responses: Sequence[str | None],
                kinds: Sequence[str] | str | None = None, max_workers: int | None = None) -> list[GradeResult]:
     """Grade a batch: math items go through math-verify's pool together, the rest run on threads
     (code runs are bounded by the sandbox semaphore)."""

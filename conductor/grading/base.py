@@ -27,7 +27,7 @@ class GradeResult:
 
 
 class Grader(Protocol):
-    def grade(self, question_or_gold: "Question | str | Mapping[str, Any]", response: str | None) -> GradeResult: ...
+    def grade(self, question_or_gold: Question | str | Mapping[str, Any], response: str | None) -> GradeResult: ...
 
 
 GRADERS: dict[str, Grader] = {}
@@ -69,7 +69,7 @@ def kind_of(question: Question) -> str:
     return str(question.metadata.get("grader") or _DOMAIN_KIND[question.domain])
 
 
-def as_question(obj: "Question | str | int | float | Mapping[str, Any]", domain: str = "free") -> Question:
+def as_question(obj: Question | str | int | float | Mapping[str, Any], domain: str = "free") -> Question:
     """Wrap a bare gold value or a ``{"gold", "tests", "entry_point", "choices"}`` mapping
     as a Question so every grader takes one shape.
 

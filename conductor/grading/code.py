@@ -112,7 +112,7 @@ class CodeGrader:
     def sandbox(self) -> Sandbox:
         return self._sandbox or default_sandbox()
 
-    def grade(self, question_or_gold: "Question | str | Mapping[str, Any]", response: str | None) -> GradeResult:
+    def grade(self, question_or_gold: Question | str | Mapping[str, Any], response: str | None) -> GradeResult:
         q = as_question(question_or_gold, "code")
         code = code_block(response or "")
         if not code or not code.strip():

@@ -64,10 +64,10 @@ class MathGrader:
     def pool(self) -> MathVerifyPool:
         return self._pool or default_pool()
 
-    def grade(self, question_or_gold: "Question | str | Mapping[str, Any]", response: str | None) -> GradeResult:
+    def grade(self, question_or_gold: Question | str | Mapping[str, Any], response: str | None) -> GradeResult:
         return self.grade_many([question_or_gold], [response])[0]
 
-    def grade_many(self, golds: Sequence["Question | str | Mapping[str, Any]"],
+    def grade_many(self, golds: Sequence[Question | str | Mapping[str, Any]],
                    responses: Sequence[str | None]) -> list[GradeResult]:
         """Batch form: fast paths inline, the rest through the math-verify pool in parallel."""
         out: list[GradeResult | None] = [None] * len(golds)
@@ -101,7 +101,7 @@ class ExactGrader:
 
     kind = "exact"
 
-    def grade(self, question_or_gold: "Question | str | Mapping[str, Any]", response: str | None) -> GradeResult:
+    def grade(self, question_or_gold: Question | str | Mapping[str, Any], response: str | None) -> GradeResult:
         q = as_question(question_or_gold, "free")
         if q.gold is None:
             return GradeResult(False, None, "question has no gold answer")

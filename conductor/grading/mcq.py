@@ -16,7 +16,7 @@ class MCQGrader:
 
     kind = "mcq"
 
-    def grade(self, question_or_gold: "Question | str | Mapping[str, Any]", response: str | None) -> GradeResult:
+    def grade(self, question_or_gold: Question | str | Mapping[str, Any], response: str | None) -> GradeResult:
         q = as_question(question_or_gold, "mcq")
         choices = q.choices
         n = len(choices) if choices else 26

@@ -139,7 +139,7 @@ def leading_number(text: str) -> str | None:
     return m.group(1).replace(",", "") if m else None
 
 
-def numbers_equal(a: "float | Fraction", b: "float | Fraction", rel_tol: float = 1e-9, abs_tol: float = 1e-9) -> bool:
+def numbers_equal(a: float | Fraction, b: float | Fraction, rel_tol: float = 1e-9, abs_tol: float = 1e-9) -> bool:
     """Relative-or-absolute tolerance, computed exactly; two whole numbers must match exactly.
 
     >>> numbers_equal(18.0, 18.0000000001), numbers_equal(18, 19), numbers_equal(2880000, 2880001)
@@ -160,7 +160,7 @@ class NumericGrader:
 
     kind = "numeric"
 
-    def grade(self, question_or_gold: "Question | str | Mapping[str, Any]", response: str | None) -> GradeResult:
+    def grade(self, question_or_gold: Question | str | Mapping[str, Any], response: str | None) -> GradeResult:
         q = as_question(question_or_gold, "math")
         gold = to_exact(q.gold)
         if gold is None:

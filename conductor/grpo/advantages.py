@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Hashable, Iterable, Literal, Sequence
+from collections.abc import Hashable, Iterable, Sequence
+from typing import Literal
 
 Scale = Literal["group", "none"]
 

@@ -9,8 +9,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from conductor.grpo.config import GRPOConfig
 from conductor.grpo.precision import device_dtype

@@ -83,7 +83,7 @@ class GRPOConfig(BaseModel):
         return v
 
     @classmethod
-    def paper(cls, **overrides: Any) -> "GRPOConfig":
+    def paper(cls, **overrides: Any) -> GRPOConfig:
         """The paper's optimisation setting on GPU: full fine-tuning in bf16 mixed precision with gradient
         checkpointing, sharded over the GPUs of a ``torchrun`` launch (FSDP2).
 
@@ -93,7 +93,7 @@ class GRPOConfig(BaseModel):
         return cls(**{**_PAPER, **overrides})
 
     @classmethod
-    def cpu(cls, **overrides: Any) -> "GRPOConfig":
+    def cpu(cls, **overrides: Any) -> GRPOConfig:
         """The CPU setting for SmolLM2-135M: fp32, small micro-batches, a short schedule, a larger lr.
 
         >>> GRPOConfig.cpu().dtype, GRPOConfig.cpu(total_iterations=5).total_iterations
@@ -102,7 +102,7 @@ class GRPOConfig(BaseModel):
         return cls(**{**_CPU, **overrides})
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "<config>") -> "GRPOConfig":
+    def from_dict(cls, data: dict[str, Any], source: str = "<config>") -> GRPOConfig:
         try:
             return cls.model_validate(data)
         except ValidationError as e:
@@ -111,7 +111,7 @@ class GRPOConfig(BaseModel):
             raise GRPOConfigError(f"{source}: {'.'.join(map(str, err['loc']))}: {msg}") from None
 
     @classmethod
-    def load(cls, path: str | Path) -> "GRPOConfig":
+    def load(cls, path: str | Path) -> GRPOConfig:
         """Read JSON or YAML; errors name the file and field."""
         import yaml
 

@@ -20,8 +20,9 @@ trainer behaves exactly as with ``distributed: none``. torch is imported inside 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 

@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,7 +58,7 @@ class ConductorFormat:
         return d
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "ConductorFormat":
+    def from_json(cls, d: dict[str, Any]) -> ConductorFormat:
         unknown = set(d) - {"subtasks", "max_steps", "min_steps", "plan_chars", "subtask_chars"}
         if unknown:
             raise ValueError(f"conductor format: unknown field(s) {sorted(unknown)}")

@@ -33,14 +33,14 @@ if TYPE_CHECKING:
 
 @dataclass
 class TokenLoss:
-    loss: "torch.Tensor"          # (B, T) per-token loss
-    ratio: "torch.Tensor"         # (B, T)
-    clipped: "torch.Tensor"       # (B, T) bool: the clipped branch was active
-    kl: "torch.Tensor | None"     # (B, T) k3 estimate, when a reference is given
+    loss: torch.Tensor          # (B, T) per-token loss
+    ratio: torch.Tensor         # (B, T)
+    clipped: torch.Tensor       # (B, T) bool: the clipped branch was active
+    kl: torch.Tensor | None     # (B, T) k3 estimate, when a reference is given
 
 
-def clipped_token_loss(logp: "torch.Tensor", behaviour_logp: "torch.Tensor", advantages: "torch.Tensor",
-                       eps_low: float = 0.2, eps_high: float = 0.2, ref_logp: "torch.Tensor | None" = None,
+def clipped_token_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: torch.Tensor,
+                       eps_low: float = 0.2, eps_high: float = 0.2, ref_logp: torch.Tensor | None = None,
                        beta: float = 0.0) -> TokenLoss:
     """Per-token clipped surrogate (to minimise). ``advantages`` has shape (B,)."""
     import torch
@@ -59,8 +59,8 @@ def clipped_token_loss(logp: "torch.Tensor", behaviour_logp: "torch.Tensor", adv
     return TokenLoss(loss, ratio, (clipped < unclipped), kl)
 
 
-def aggregate(per_token: "torch.Tensor", mask: "torch.Tensor", mode: str, *, n_seqs_total: int,
-              n_tokens_total: int, n_micro: int, max_len: int) -> "torch.Tensor":
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, *, n_seqs_total: int,
+              n_tokens_total: int, n_micro: int, max_len: int) -> torch.Tensor:
     """This micro-batch's share of the update's loss (see the module docstring)."""
     m = mask.to(per_token.dtype)
     if mode == "sequence-mean":
@@ -75,13 +75,13 @@ def aggregate(per_token: "torch.Tensor", mask: "torch.Tensor", mode: str, *, n_s
     raise ValueError(f"loss_aggregation: unknown mode {mode!r}")
 
 
-def masked_mean(x: "torch.Tensor", mask: "torch.Tensor") -> float:
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     m = mask.to(x.dtype)
     return float((x * m).sum() / m.sum().clamp(min=1))
 
 
-def loss_stats(tl: TokenLoss, mask: "torch.Tensor", logp: "torch.Tensor", behaviour_logp: "torch.Tensor",
-               ref_logp: "torch.Tensor | None" = None) -> dict[str, Any]:
+def loss_stats(tl: TokenLoss, mask: torch.Tensor, logp: torch.Tensor, behaviour_logp: torch.Tensor,
+               ref_logp: torch.Tensor | None = None) -> dict[str, Any]:
     """Monitoring: clip fraction, mean ratio, approximate KL(behaviour || current), and KL(current || reference)
     (k3) when reference log-probs are given (the penalty's own estimate when beta > 0)."""
     d = logp - behaviour_logp          # k3 estimate of KL(behaviour || current) from behaviour samples

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from conductor.pool import Pool, SubPool
@@ -45,7 +46,7 @@ class RandomizedPoolConfig:
         lo = max(1, min(self.k_min, hi))
         return random.Random(_seed(self.seed, "k", question_id)).randint(lo, hi)
 
-    def subpool_for(self, pool: "Pool", question_id: str) -> "SubPool":
+    def subpool_for(self, pool: Pool, question_id: str) -> SubPool:
         """The sub-pool every sample of this question's group sees."""
         k = self.k_for(question_id, len(pool.workers))
         return pool.sample(k, seed=_seed(self.seed, "pool", question_id), shuffle=self.shuffle)

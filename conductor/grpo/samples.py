@@ -12,8 +12,8 @@ is not to blame.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from conductor.grpo.advantages import Scale, group_key, grouped_advantages
 

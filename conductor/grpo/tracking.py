@@ -21,8 +21,9 @@ import math
 import os
 import time
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 DEFAULT_EXPERIMENT = "conductor-grpo"
 STEP_KEY = "iteration"

@@ -30,8 +30,17 @@ from collections.abc import Iterable
 from typing import Any
 
 from conductor.grpo.batching import Encoded, encode, make_batch, micro_batches, model_calls
-from conductor.grpo.checkpoint import (TrainError, check_free, child_checkpoint_path, load_policy, optimizer_state_file,
-                                       parent_format, read_parent_lineage, resolve_model, write_checkpoint)
+from conductor.grpo.checkpoint import (
+    TrainError,
+    check_free,
+    child_checkpoint_path,
+    load_policy,
+    optimizer_state_file,
+    parent_format,
+    read_parent_lineage,
+    resolve_model,
+    write_checkpoint,
+)
 from conductor.grpo.config import GRPOConfig, lr_at
 from conductor.grpo.logprobs import completion_logprobs
 from conductor.grpo.precision import autocast, device_dtype, dtype_mode

@@ -31,8 +31,9 @@ import logging
 import os
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from conductor.lake.manifest import Manifest, Visibility, compacted_name, is_compacted, run_of, shard_id_of
 from conductor.lake.reader import Lake, open_lake
@@ -74,7 +75,7 @@ class _Entry:
     rows: int = 0
 
 
-def compact(lake_root: "str | LakeLocation", *, run_id: str | None = None, kind: str | None = None,
+def compact(lake_root: str | LakeLocation, *, run_id: str | None = None, kind: str | None = None,
             target_mb: float = DEFAULT_TARGET_MB, storage_options: dict[str, Any] | None = None) -> CompactReport:
     """Compact every partition of one run (``run_id``), of one kind, or of the whole lake."""
     loc = open_location(lake_root, storage_options)

@@ -21,8 +21,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from conductor.lake.storage import LakeLocation
@@ -137,7 +138,7 @@ def run_of(path: str) -> RunKey | None:
     return None
 
 
-def compacted_files(loc: "LakeLocation", kind: str | None = None, run_id: str | None = None) -> list[str]:
+def compacted_files(loc: LakeLocation, kind: str | None = None, run_id: str | None = None) -> list[str]:
     """Paths of the compacted trajectories files present (committed), optionally of one kind/run."""
     loc.fs.invalidate_cache(loc.path("trajectories"))
     pattern = loc.path("trajectories", f"kind={kind or '*'}", "date=*", f"run_id={run_id or '*'}",
@@ -145,7 +146,7 @@ def compacted_files(loc: "LakeLocation", kind: str | None = None, run_id: str | 
     return sorted(loc.glob(pattern))
 
 
-def load_visibility(loc: "LakeLocation", kind: str | None = None, run_id: str | None = None,
+def load_visibility(loc: LakeLocation, kind: str | None = None, run_id: str | None = None,
                     footers: dict[str, dict[bytes, bytes] | None] | None = None) -> Visibility:
     """The visibility of a lake's (or one run's) files, from its compacted files' footers.
 

@@ -31,7 +31,7 @@ def _outcome_aggs() -> list[pl.Expr]:
     ]
 
 
-def accuracy_by(lake: "str | Lake", by: str | list[str] = "dataset", **where: str | None) -> pl.DataFrame:
+def accuracy_by(lake: str | Lake, by: str | list[str] = "dataset", **where: str | None) -> pl.DataFrame:
     """Accuracy (over graded trajectories), mean reward, parse rate and cost per group.
 
     ``by`` is any trajectory column (dataset, domain, pool_id, checkpoint_id, run_id, ...),
@@ -44,7 +44,7 @@ def accuracy_by(lake: "str | Lake", by: str | list[str] = "dataset", **where: st
     return lf.group_by(keys).agg(_outcome_aggs()).sort(keys).collect()
 
 
-def accuracy_by_worker(lake: "str | Lake", final: bool = False, **where: str | None) -> pl.DataFrame:
+def accuracy_by_worker(lake: str | Lake, final: bool = False, **where: str | None) -> pl.DataFrame:
     """Outcomes of trajectories that used each worker (``final=True``: whose last call was that worker).
 
     A trajectory using two workers counts once for each; the last call is the one
@@ -65,7 +65,7 @@ def accuracy_by_worker(lake: "str | Lake", final: bool = False, **where: str | N
     return used.join(traj, on="trajectory_id").group_by(key).agg(_outcome_aggs()).sort(key).collect()
 
 
-def cost_per_question(lake: "str | Lake", **where: str | None) -> pl.DataFrame:
+def cost_per_question(lake: str | Lake, **where: str | None) -> pl.DataFrame:
     """Calls, tokens and dollars per question (mean over its samples), most expensive first."""
     lf = open_lake(lake).scan("trajectories", **where)
     return (lf.group_by("dataset", "question_id")
@@ -78,7 +78,7 @@ def cost_per_question(lake: "str | Lake", **where: str | None) -> pl.DataFrame:
             .sort(["mean_cost_usd", "question_id"], descending=[True, False]).collect())
 
 
-def cost_summary(lake: "str | Lake", by: str | list[str] = "dataset", **where: str | None) -> pl.DataFrame:
+def cost_summary(lake: str | Lake, by: str | list[str] = "dataset", **where: str | None) -> pl.DataFrame:
     """Per group: questions, trajectories, mean calls/tokens/dollars per trajectory, total dollars."""
     keys = [by] if isinstance(by, str) else list(by)
     lf = open_lake(lake).scan("trajectories", **where)
@@ -92,7 +92,7 @@ def cost_summary(lake: "str | Lake", by: str | list[str] = "dataset", **where: s
             .sort(keys).collect())
 
 
-def worker_usage(lake: "str | Lake", by: str | list[str] = "domain", root_only: bool = True,
+def worker_usage(lake: str | Lake, by: str | list[str] = "domain", root_only: bool = True,
                  **where: str | None) -> pl.DataFrame:
     """Share of calls going to each worker within each group (``by="step"``: by step position).
 
@@ -107,7 +107,7 @@ def worker_usage(lake: "str | Lake", by: str | list[str] = "domain", root_only: 
             .sort([*keys, "share", "worker"], descending=[*([False] * len(keys)), True, False]).collect())
 
 
-def workflow_length(lake: "str | Lake", by: str = "domain", **where: str | None) -> pl.DataFrame:
+def workflow_length(lake: str | Lake, by: str = "domain", **where: str | None) -> pl.DataFrame:
     """Distribution of root workflow length (steps) per group, over parsed workflows."""
     lf = open_lake(lake).scan("trajectories", **where).filter(pl.col("parse_status") == "ok")
     counts = lf.group_by(by, "n_steps").agg(pl.len().alias("n"))
@@ -121,7 +121,7 @@ def _reason_class(col: str) -> pl.Expr:
             .fill_null("unknown").replace("", "unknown"))
 
 
-def failure_taxonomy(lake: "str | Lake", **where: str | None) -> pl.DataFrame:
+def failure_taxonomy(lake: str | Lake, **where: str | None) -> pl.DataFrame:
     """Failures by source and class: parse errors by reason, infra causes, worker-call error kinds.
 
     ``share`` is relative to all trajectories (all calls for ``source == "call"``).
@@ -147,7 +147,7 @@ def failure_taxonomy(lake: "str | Lake", **where: str | None) -> pl.DataFrame:
             .sort(["source", "n", "cls"], descending=[False, True, False]))
 
 
-def accuracy_vs_cost(lake: "str | Lake", by: str | list[str] = ("run_id", "checkpoint_id", "dataset"),
+def accuracy_vs_cost(lake: str | Lake, by: str | list[str] = ("run_id", "checkpoint_id", "dataset"),
                      **where: str | None) -> pl.DataFrame:
     """Accuracy against dollars per question (mean over its samples): the cost/quality frontier."""
     keys = [by] if isinstance(by, str) else list(by)
@@ -162,7 +162,7 @@ def accuracy_vs_cost(lake: "str | Lake", by: str | list[str] = ("run_id", "check
             .sort(keys).collect())
 
 
-def lake_stats(lake: "str | Lake", **where: str | None) -> pl.DataFrame:
+def lake_stats(lake: str | Lake, **where: str | None) -> pl.DataFrame:
     """What the lake holds: per (kind, date, run_id) trajectories, questions, shards, accuracy, dollars."""
     lk = open_lake(lake)
     lf = lk.scan("trajectories", **where)
@@ -189,7 +189,7 @@ STANDARD_QUERIES = {
 }
 
 
-def standard_report(lake: "str | Lake", **where: str | None) -> dict[str, pl.DataFrame]:
+def standard_report(lake: str | Lake, **where: str | None) -> dict[str, pl.DataFrame]:
     """All standard questions at once (the nightly report's tables)."""
     lk = open_lake(lake)
     return {name: fn(lk, **where) for name, fn in STANDARD_QUERIES.items()}
@@ -197,7 +197,7 @@ def standard_report(lake: "str | Lake", **where: str | None) -> dict[str, pl.Dat
 
 # ------------------------------------------------------------------ ad-hoc SQL
 
-def sql(lake: "str | Lake", query: str, *, storage_options: dict[str, Any] | None = None,
+def sql(lake: str | Lake, query: str, *, storage_options: dict[str, Any] | None = None,
         engine: str = "duckdb") -> pl.DataFrame:
     """Run one SQL query over the views ``trajectories`` and ``calls``.
 

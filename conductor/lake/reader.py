@@ -20,11 +20,17 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from conductor.lake.manifest import Visibility, load_visibility
 from conductor.lake.schema import (
-    METADATA_VERSION_KEY, METADATA_WRITE_KEY, PARTITION_KEYS, SCHEMA_VERSION, SCHEMAS, LakeSchemaError, file_schema,
+    METADATA_VERSION_KEY,
+    METADATA_WRITE_KEY,
+    PARTITION_KEYS,
+    SCHEMA_VERSION,
+    SCHEMAS,
+    LakeSchemaError,
+    file_schema,
     trajectory_from_row,
 )
-from conductor.lake.manifest import Visibility, load_visibility
 from conductor.lake.storage import LakeLocation, open_location
 from conductor.trajectory import Trajectory
 
@@ -220,21 +226,21 @@ class Lake:
         return lf.select(list(schema.keys()))
 
 
-def open_lake(lake_root: "str | Lake | LakeLocation", storage_options: dict[str, Any] | None = None) -> Lake:
+def open_lake(lake_root: str | Lake | LakeLocation, storage_options: dict[str, Any] | None = None) -> Lake:
     """Open a local path or s3:// URL (credentials from AWS_* env or storage_options)."""
     if isinstance(lake_root, Lake):
         return lake_root
     return Lake(open_location(lake_root, storage_options))
 
 
-def scan(lake_root: "str | Lake", table: str = "trajectories", *, kind: str | None = None,
+def scan(lake_root: str | Lake, table: str = "trajectories", *, kind: str | None = None,
          date: str | None = None, run_id: str | None = None,
          storage_options: dict[str, Any] | None = None) -> pl.LazyFrame:
     """Shorthand for ``open_lake(...).scan(...)``."""
     return open_lake(lake_root, storage_options).scan(table, kind=kind, date=date, run_id=run_id)
 
 
-def load_trajectories(lake_root: "str | Lake", run_id: str, *, kind: str | None = "rollout",
+def load_trajectories(lake_root: str | Lake, run_id: str, *, kind: str | None = "rollout",
                       storage_options: dict[str, Any] | None = None) -> list[Trajectory]:
     """One run's records, rebuilt with token ids and log-probs (what the GRPO trainer reads)."""
     lake = open_lake(lake_root, storage_options)

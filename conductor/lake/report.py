@@ -189,7 +189,7 @@ _TITLES = {
 }
 
 
-def render_report(lake: "str | Lake", out_dir: str | Path, *, run_id: str | None = None,
+def render_report(lake: str | Lake, out_dir: str | Path, *, run_id: str | None = None,
                   kind: str | None = None, title: str = "Trajectory lake report") -> Report:
     """Write ``report.md`` and the PNGs into ``out_dir``; return their paths and the tables."""
     lk = open_lake(lake)
@@ -204,7 +204,7 @@ def render_report(lake: "str | Lake", out_dir: str | Path, *, run_id: str | None
         "failure_taxonomy": plot_failures(tables["failure_taxonomy"], out / "failure_taxonomy.png"),
     }
     scope = ", ".join(f"{k}={v}" for k, v in (("run_id", run_id), ("kind", kind)) if v) or "whole lake"
-    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"# {title}", "", f"Lake `{lk.url}`, scope: {scope}, generated {now}.", ""]
     if lk.skipped:
         lines += ["**Skipped corrupt files:** " + ", ".join(f"`{s}`" for s in lk.skipped), ""]

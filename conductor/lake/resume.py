@@ -42,7 +42,7 @@ def run_files(loc: LakeLocation, table: str, kind: str, run_id: str) -> list[str
     return sorted(p for p in loc.fs.glob(pattern) if not p.rsplit("/", 1)[-1].startswith((".", "_")))
 
 
-def committed(lake_root: "str | LakeLocation", kind: str, run_id: str, *, repair: bool = True,
+def committed(lake_root: str | LakeLocation, kind: str, run_id: str, *, repair: bool = True,
               storage_options: dict[str, Any] | None = None) -> RunState:
     """The trajectory ids of ``run_id`` committed intact; with ``repair`` damaged shards are moved aside."""
     loc = open_location(lake_root, storage_options)

@@ -89,7 +89,7 @@ class LakeLocation:
         return {k: v for k, v in opts.items() if v}
 
 
-def open_location(lake_root: "str | LakeLocation", storage_options: dict[str, Any] | None = None) -> LakeLocation:
+def open_location(lake_root: str | LakeLocation, storage_options: dict[str, Any] | None = None) -> LakeLocation:
     if isinstance(lake_root, LakeLocation):
         return lake_root
     return LakeLocation(str(lake_root), dict(storage_options or {}))

@@ -149,7 +149,7 @@ def write_shard(lake_root: str | LakeLocation, trajectories: Iterable[Trajectory
     loc = open_location(lake_root, storage_options)
     name = shard_file_name(shard_id)
     groups: dict[tuple[str, str, str], list[Trajectory]] = {}
-    today = _dt.datetime.now(_dt.timezone.utc).date().isoformat()
+    today = _dt.datetime.now(_dt.UTC).date().isoformat()
     for t in trajectories:
         if not t.date:
             t.date = today

@@ -47,7 +47,7 @@ class CachedPolicy:
     """Wraps any policy backend; generates only the (prompt, sample) pairs the cache does not hold."""
 
     inner: PolicyBackend
-    cache: "ResponseCache"
+    cache: ResponseCache
     checkpoint_id: str
     hits: int = 0
     misses: int = 0

@@ -21,7 +21,7 @@ class FixedWorkflowPolicy:
     name: str = "fixed"
 
     @classmethod
-    def single_worker(cls, ordinal: int, subtask: str = DIRECT_SUBTASK) -> "FixedWorkflowPolicy":
+    def single_worker(cls, ordinal: int, subtask: str = DIRECT_SUBTASK) -> FixedWorkflowPolicy:
         """``fixed:i`` — one step, worker i, the question as the subtask.
 
         >>> FixedWorkflowPolicy.single_worker(2).generate(["q"], 1, GenerationParams())[0][0].text.splitlines()[0]

@@ -92,7 +92,7 @@ class LlamaCppBackend:
         return out
 
     def _sample_one(self, prompt_ids: list[int], first_logits: Any, params: GenerationParams, rng: Any,
-                    grammar: "GrammarMask | None" = None) -> Generation:
+                    grammar: GrammarMask | None = None) -> Generation:
         import numpy as np
 
         llm = self.llm

@@ -126,7 +126,7 @@ def mixture_of_agents(proposers: list[int], aggregator: int) -> FixedWorkflowPol
     return FixedWorkflowPolicy(Workflow(tuple(steps)), name=f"moa:{label}:{aggregator}")
 
 
-def strategy_pool(spec: str, pool: "Pool") -> "Pool":
+def strategy_pool(spec: str, pool: Pool) -> Pool:
     """The pool a strategy runs over: ``sc`` appends the vote tool worker (once); others use the pool as is."""
     from conductor.pool import Worker
 
@@ -154,7 +154,7 @@ def steps_needed(spec: str) -> int:
     return 1
 
 
-def make_strategy(spec: str, pool: "Pool") -> "FixedWorkflowPolicy | RandomWorkflowPolicy":
+def make_strategy(spec: str, pool: Pool) -> FixedWorkflowPolicy | RandomWorkflowPolicy:
     """The policy for a strategy spec over ``pool`` (as returned by ``strategy_pool``); StrategyError if unusable."""
     kind, _, rest = spec.partition(":")
     parts = rest.split(":") if rest else []
@@ -177,7 +177,7 @@ def make_strategy(spec: str, pool: "Pool") -> "FixedWorkflowPolicy | RandomWorkf
     raise StrategyError(f"strategy {spec!r}: expected fixed:I, sc:I:K, moa:P1+P2+...:AGG or random[:SEED[:MAX_STEPS]]")
 
 
-def check_strategy(spec: str, pool: "Pool", max_steps: int) -> None:
+def check_strategy(spec: str, pool: Pool, max_steps: int) -> None:
     """Refuse, before anything starts, a strategy spec that cannot run over ``pool`` within ``max_steps``."""
     if not is_strategy(spec):
         return

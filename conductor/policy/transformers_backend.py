@@ -54,7 +54,7 @@ class TransformersBackend:
 
     @classmethod
     def load(cls, path: str | Path, gguf_file: str | None = None, *, device: str | None = None, dtype: str | None = None,
-             cache_converted: bool = True, threads: int | None = None, **kwargs: Any) -> "TransformersBackend":
+             cache_converted: bool = True, threads: int | None = None, **kwargs: Any) -> TransformersBackend:
         """Load a HF checkpoint dir, a ``.gguf`` file path, or (dir, gguf_file); local files only.
 
         ``threads`` sets torch's (process-wide) CPU thread count: on a busy 2-core machine
@@ -215,7 +215,7 @@ class TransformersBackend:
                                    prompt_token_ids=enc["input_ids"][b][mask].tolist()))
         return gens
 
-    def grammar_processor(self, grammar: str) -> "GrammarLogitsProcessor":
+    def grammar_processor(self, grammar: str) -> GrammarLogitsProcessor:
         """A fresh processor (one matcher per batch row) for one ``generate`` call."""
         n_vocab = int(self.model.get_output_embeddings().weight.shape[0])
         if self._lltok is None or self._lltok[0] != n_vocab:

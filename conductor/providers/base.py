@@ -8,8 +8,9 @@ request). Provider failures are infrastructure failures, never the conductor's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
     from conductor.pool import Worker
@@ -72,7 +73,7 @@ def provider_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def make_provider(worker: "Worker") -> Provider:
+def make_provider(worker: Worker) -> Provider:
     """Build the provider for a worker (importing its SDK only now)."""
     import importlib
 

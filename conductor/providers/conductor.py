@@ -20,10 +20,10 @@ if TYPE_CHECKING:
     from conductor.pool import Worker
 
 _lock = threading.Lock()
-_BOUND: dict[str, tuple["PolicyBackend", "GenerationParams | None"]] = {}
+_BOUND: dict[str, tuple[PolicyBackend, GenerationParams | None]] = {}
 
 
-def bind_conductor(backend: "PolicyBackend", params: "GenerationParams | None" = None, name: str = "default") -> None:
+def bind_conductor(backend: PolicyBackend, params: GenerationParams | None = None, name: str = "default") -> None:
     """Make ``backend`` the policy behind every ``provider: conductor`` worker with this binding."""
     with _lock:
         _BOUND[name] = (backend, params)
@@ -34,7 +34,7 @@ def unbind_conductor(name: str = "default") -> None:
         _BOUND.pop(name, None)
 
 
-def bound_conductor(name: str = "default") -> "tuple[PolicyBackend, GenerationParams | None] | None":
+def bound_conductor(name: str = "default") -> tuple[PolicyBackend, GenerationParams | None] | None:
     with _lock:
         return _BOUND.get(name)
 
@@ -51,7 +51,7 @@ def render_prompt(messages: list[Message]) -> str:
 
 
 class ConductorWorker:
-    def __init__(self, worker: "Worker"):
+    def __init__(self, worker: Worker):
         self.worker = worker
         self.binding = str(worker.options.get("binding", "default"))
 
@@ -80,5 +80,5 @@ class ConductorWorker:
 
 
 @register_provider("conductor")
-def _conductor(worker: "Worker") -> ConductorWorker:
+def _conductor(worker: Worker) -> ConductorWorker:
     return ConductorWorker(worker)

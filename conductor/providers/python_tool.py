@@ -171,7 +171,7 @@ def _cap(text: str, chars: int) -> str:
     return f"{text[:half]}\n... [{len(text) - chars} characters cut] ...\n{text[-half:]}"
 
 
-def format_result(r: "SandboxResult", spec: "SandboxSpec") -> str:
+def format_result(r: SandboxResult, spec: SandboxSpec) -> str:
     """What the next step (or the grader) reads: printed output, then a short reason when the run failed."""
     out = _cap(r.stdout, spec.output_chars)
     parts = [out] if out else []
@@ -189,11 +189,11 @@ def format_result(r: "SandboxResult", spec: "SandboxSpec") -> str:
     return "\n".join(parts)
 
 
-_SANDBOXES: dict[bool, "Sandbox"] = {}
+_SANDBOXES: dict[bool, Sandbox] = {}
 _LOCK = threading.Lock()
 
 
-def _sandbox(site_packages: bool) -> "Sandbox":
+def _sandbox(site_packages: bool) -> Sandbox:
     """The process-wide sandbox (one semaphore shared with the graders), or one that sees site-packages."""
     from conductor.sandbox import Sandbox, default_sandbox
 
@@ -206,13 +206,13 @@ def _sandbox(site_packages: bool) -> "Sandbox":
 class PythonTool:
     """Runs the step's program in the sandbox; deterministic given the messages (the executor caches it)."""
 
-    def __init__(self, worker: "Worker"):
+    def __init__(self, worker: Worker):
         from conductor.pool import SandboxSpec
 
         self.worker = worker
         self.spec = worker.sandbox or SandboxSpec()
 
-    def limits(self) -> "Limits":
+    def limits(self) -> Limits:
         from conductor.sandbox import Limits
 
         s = self.spec
@@ -234,5 +234,5 @@ class PythonTool:
 
 
 @register_provider("python")
-def _factory(worker: "Worker") -> PythonTool:
+def _factory(worker: Worker) -> PythonTool:
     return PythonTool(worker)

@@ -33,9 +33,10 @@ import json
 import random
 import re
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Iterable
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -270,7 +271,7 @@ def _context_has_correct(messages: list[Message], rec: GoldRecord) -> bool:
 class SimulatedProvider:
     """One SIMULATED worker; ``complete`` is deterministic in (seed, worker, messages, sample_index)."""
 
-    def __init__(self, worker: "Worker"):
+    def __init__(self, worker: Worker):
         try:
             self.options = SimulatedOptions.model_validate(worker.options)
         except ValidationError as e:
@@ -316,5 +317,5 @@ class SimulatedProvider:
 
 
 @register_provider("simulated")
-def _factory(worker: "Worker") -> SimulatedProvider:
+def _factory(worker: Worker) -> SimulatedProvider:
     return SimulatedProvider(worker)

@@ -66,7 +66,7 @@ def majority(responses: list[str]) -> tuple[str, int]:
 
 
 class VoteTool:
-    def __init__(self, worker: "Worker"):
+    def __init__(self, worker: Worker):
         self.worker = worker
 
     async def complete(self, messages: list[Message], *, sample_index: int = 0) -> Completion:
@@ -84,5 +84,5 @@ class VoteTool:
 
 
 @register_provider("vote")
-def _factory(worker: "Worker") -> VoteTool:
+def _factory(worker: Worker) -> VoteTool:
     return VoteTool(worker)

@@ -9,7 +9,8 @@ tokens and priced at the cached rate.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from conductor.batch.adapters.base import BatchCompletion, BatchRequest, Outcome, Poll, register_batch_adapter
 from conductor.providers.anthropic import _STOP

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from conductor.providers.base import Completion, Message
 
@@ -33,7 +34,7 @@ class BatchCompletion(Completion):
 @dataclass(frozen=True)
 class BatchRequest:
     custom_id: str            # the call's response-cache key: the same call has the same id in every run
-    worker: "Worker"
+    worker: Worker
     messages: list[Message]
     provider: Any             # the synchronous provider object of this worker (SDK client, parameters)
 
@@ -51,7 +52,7 @@ class Outcome:
         return self.kind in RETRY_KINDS
 
     @classmethod
-    def failed(cls, kind: str, message: str) -> "Outcome":
+    def failed(cls, kind: str, message: str) -> Outcome:
         return cls(None, kind, message)
 
 
@@ -95,7 +96,7 @@ def adapter_class(provider: str) -> type:
     return _REGISTRY[provider]
 
 
-def group_key(worker: "Worker") -> str:
+def group_key(worker: Worker) -> str:
     """Calls that may share one batch: same API, endpoint and key variable (and model, where the API needs it).
 
     >>> from conductor.pool import Worker

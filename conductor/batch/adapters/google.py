@@ -7,7 +7,8 @@ order with their metadata, so they are matched by custom id, falling back to pos
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from conductor.batch.adapters.base import BatchCompletion, BatchRequest, Outcome, Poll, register_batch_adapter
 from conductor.providers.base import Message

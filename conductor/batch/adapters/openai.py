@@ -9,7 +9,8 @@ Works with any server that implements the Batch API (``openai_compatible`` worke
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from conductor.batch.adapters.base import BatchCompletion, BatchRequest, Outcome, Poll, register_batch_adapter
 from conductor.providers.base import Message
