@@ -15,8 +15,8 @@ import pytest
 from conductor.batch.adapters.base import BatchRequest, adapter_class
 from conductor.emulator import Emulator
 from conductor.providers.base import Message, make_provider
-from tests.fixtures_emulator import emu as _emu  # noqa: F401
-from tests.fixtures_emulator import worker
+from tests.fixtures_emulator import emu as _emu  # noqa: F401 - pytest fixtures, used by name
+from tests.fixtures_emulator import emulator, worker  # noqa: F401
 
 BATCH_DEFAULTS = {"batch_delay_s": 0.0, "batch_window_s": None, "batch_error_p": 0.0, "cached_input_fraction": 0.0}
 

@@ -24,8 +24,8 @@ from conductor.pool import Pool
 from conductor.recursion import execute_batch, run_batch
 from conductor.retry import RetryPolicy
 from conductor.trajectory import Trajectory
-from tests.fixtures_emulator import emu as _emu  # noqa: F401
-from tests.fixtures_emulator import lists, make_traj, worker
+from tests.fixtures_emulator import emu as _emu  # noqa: F401 - pytest fixtures, used by name
+from tests.fixtures_emulator import emulator, lists, make_traj, worker  # noqa: F401
 
 FAST = RetryPolicy(base_s=0.005, max_wait_s=0.2)
 PRICE = {"input_per_mtok": 2.0, "output_per_mtok": 8.0}
