@@ -57,7 +57,7 @@ def llama_rates(threads: int) -> tuple[float, float]:
     """(prefill, decode) tokens/s of the 1.5B under llama.cpp on this machine, measured now."""
     from llama_cpp import Llama
 
-    from conductor.embedded import model_path
+    from conductor.local.embedded import model_path
 
     llm = Llama(model_path=str(model_path(BIG)), n_ctx=2048, n_threads=threads, verbose=False)
     prompt = llm.tokenize(("The quick brown fox jumps over the lazy dog. " * 60).encode())[:480]
@@ -76,8 +76,8 @@ def token_budget(lake: Path, run_id: str) -> dict[str, float]:
     import polars as pl
     from llama_cpp import Llama
 
-    from conductor.embedded import model_path
     from conductor.lake.reader import scan
+    from conductor.local.embedded import model_path
 
     tok = Llama(model_path=str(model_path(BIG)), vocab_only=True, verbose=False)
     trajs = scan(str(lake), "trajectories", run_id=run_id).select("question_id", "prompt", "completion").collect()

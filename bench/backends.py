@@ -40,15 +40,15 @@ QUESTIONS = [
 
 
 def prompts() -> list[str]:
-    from conductor.pool import load_pool
     from conductor.prompts import conductor_prompt
+    from conductor.workers.pool import load_pool
 
     pool = load_pool(ROOT / "data" / "pools" / "local.yaml")
     return [conductor_prompt(q, pool.full()) for q in QUESTIONS]
 
 
 def build(backend: str, model: str, threads: int):
-    from conductor.embedded import model_path
+    from conductor.local.embedded import model_path
 
     path = model_path(model)
     if backend == "llamacpp":

@@ -82,8 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--keep", default=None, help="keep the run directories in this new directory")
     a = ap.parse_args(argv)
 
-    from conductor.batch.store import BatchStore
-    from conductor.emulator import Emulator, EmulatorConfig
+    from conductor.execution.batch.store import BatchStore
+    from conductor.workers.emulator import Emulator, EmulatorConfig
 
     n = a.questions
     work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="conductor-batch-bench-"))

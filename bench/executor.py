@@ -23,7 +23,7 @@ Also printed: the SDK client's own ceiling (calls/s with no limit), for context.
 N separate Python processes, each with its own executor, split the workflows
 and spend ONE ``--rpm`` limit that the single emulator enforces for all of them,
 through the shared store given by ``--limits`` (default: a SQLite file,
-``conductor.shared_limits``). They start together (a barrier after warm-up);
+``conductor.execution.shared_limits``). They start together (a barrier after warm-up);
 ratio = ideal wall / (last process done - start), leaked_429 = the 429s the
 emulator had to send. ``--compare-local`` also runs the same load with
 per-process limits, for contrast.
@@ -49,13 +49,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from conductor.executor import Executor  # noqa: E402
-from conductor.pool import Pool, Worker  # noqa: E402
-from conductor.providers.base import Message, make_provider  # noqa: E402
-from conductor.ratelimit import RateLimiter  # noqa: E402
-from conductor.recursion import execute_batch  # noqa: E402
-from conductor.shared_limits import open_shared  # noqa: E402
+from conductor.execution.executor import Executor  # noqa: E402
+from conductor.execution.ratelimit import RateLimiter  # noqa: E402
+from conductor.execution.recursion import execute_batch  # noqa: E402
+from conductor.execution.shared_limits import open_shared  # noqa: E402
 from conductor.trajectory import Round, Trajectory  # noqa: E402
+from conductor.workers.pool import Pool, Worker  # noqa: E402
+from conductor.workers.providers.base import Message, make_provider  # noqa: E402
 
 WF = ("model_id = [0, 0, 0]\nsubtasks = [\"Solve the problem.\", \"Solve it another way.\", "
       "\"Compare both attempts and give the final answer.\"]\naccess_list = [[], [], [\"all\"]]")
@@ -80,7 +80,7 @@ def _post(url: str, body: dict) -> dict:
 
 def start_emulator(latency: float, rpm: float | None) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    cmd = [sys.executable, "-m", "conductor.emulator", "--port", str(port), "--latency", str(latency)]
+    cmd = [sys.executable, "-m", "conductor.workers.emulator", "--port", str(port), "--latency", str(latency)]
     if rpm:
         cmd += ["--rpm", str(rpm), "--rpm-burst", "2"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -156,7 +156,7 @@ async def bench_overhead(n: int) -> tuple[float, dict]:
     w = Worker(name="sim", provider="simulated", model="sim", options={"skills": {"default": 0.5}, "verbose": False},
                limits={"max_concurrency": 256, "requests_per_minute": 10_000_000})
     pool = Pool(pool_id="sim", workers=(w,))
-    from conductor.providers.simulated import register_gold
+    from conductor.workers.providers.simulated import register_gold
 
     ex = Executor()
     ts, warm = trajs(n, "ovh"), trajs(20, "warm")

@@ -49,14 +49,14 @@ def main() -> None:
     ap.add_argument("--completion-tokens", type=int, default=64)
     args = ap.parse_args()
 
-    from conductor.embedded import ensure_models
-    from conductor.grpo.batching import render_prompt
-    from conductor.grpo.checkpoint import ensure_hf_checkpoint
-    from conductor.grpo.config import GRPOConfig
-    from conductor.grpo.trainer import PolicyTrainer
-    from conductor.pool import load_pool
+    from conductor.learning.grpo.batching import render_prompt
+    from conductor.learning.grpo.checkpoint import ensure_hf_checkpoint
+    from conductor.learning.grpo.config import GRPOConfig
+    from conductor.learning.grpo.trainer import PolicyTrainer
+    from conductor.local.embedded import ensure_models
     from conductor.prompts import conductor_prompt
     from conductor.trajectory import Round, Trajectory, trajectory_id
+    from conductor.workers.pool import load_pool
 
     gguf = ensure_models(which=["smollm2-135m-instruct"])["smollm2-135m-instruct"]
     ckpt = str(ensure_hf_checkpoint(gguf))

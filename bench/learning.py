@@ -171,7 +171,7 @@ class RoutingConstraint:
 
 def _split(n_eval: int, seed: int) -> tuple[list[Any], list[Any], list[Any]]:
     """(train math, train mcq, held-out) — held-out math from gsm8k_test, held-out MCQ disjoint from training."""
-    from conductor.datasets import load_dataset
+    from conductor.data.datasets import load_dataset
 
     rng = random.Random(seed)
     train_math = load_dataset("gsm8k_train", limit=400)
@@ -273,14 +273,14 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(a.threads)
-    from conductor.embedded import ensure_models
-    from conductor.executor import Executor
-    from conductor.grpo import GRPOConfig, PolicyTrainer
-    from conductor.grpo.checkpoint import ensure_hf_checkpoint
-    from conductor.pipeline import RunSpec, execute, generate, plan, run_shard, score
+    from conductor.execution.executor import Executor
+    from conductor.learning.grpo import GRPOConfig, PolicyTrainer
+    from conductor.learning.grpo.checkpoint import ensure_hf_checkpoint
+    from conductor.local.embedded import ensure_models
     from conductor.policy.fixed import FixedWorkflowPolicy
     from conductor.policy.transformers_backend import TransformersBackend
-    from conductor.pool import load_pool
+    from conductor.run.pipeline import RunSpec, execute, generate, plan, run_shard, score
+    from conductor.workers.pool import load_pool
 
     t_start = time.time()
     pool = load_pool(Path(__file__).resolve().parent.parent / "data" / "pools" / "simulated.yaml")

@@ -5,7 +5,7 @@ llama.cpp servers on loopback, and the ``python`` tool worker when the manifest 
 Conductor: SmolLM2-135M-Instruct (default) or Qwen2.5-Coder-0.5B-Instruct, full fine-tuning in fp32 with
 transformers, sampled from the very object being trained.
 
-What the conductor learns (all of the workflow, under a grammar; ``conductor.grpo.format``):
+What the conductor learns (all of the workflow, under a grammar; ``conductor.learning.grpo.format``):
   * the workers of every step (any worker of the pool, by ordinal),
   * each step's subtask, chosen from a vocabulary (``DEFAULT_SUBTASKS``: answer directly, write a Python
     program that prints the answer, check the earlier work and give the final answer),
@@ -33,7 +33,7 @@ lake (same trajectories, same update) and continues. Progress and an ETA are pri
 Evaluation: held-out questions disjoint from training (GSM8K test + MMLU-STEM, half each), every single worker
 (``fixed:i`` through the same pipeline), the untrained conductor (before training) and the trained one,
 greedy by default (--eval-samples/--eval-temperature for repeated samples). Statistics from
-``conductor.evaluation``: question-level standard errors, a paired bootstrap over questions and McNemar
+``conductor.learning.evaluation``: question-level standard errors, a paired bootstrap over questions and McNemar
 paired per question. Figures: accuracies, worker usage and workflow shape (untrained vs trained, by domain)
 and the training curves; per-iteration metrics also go to MLflow (file store in the state dir by default).
 
@@ -60,7 +60,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from conductor.executor import Executor  # noqa: E402
+from conductor.execution.executor import Executor  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DOMAINS = ("math", "mcq")
@@ -183,7 +183,7 @@ class ReuseExecutor(Executor):
 
 def greedy_pool(path: str) -> Any:
     """The manifest with every language-model worker at temperature 0 (the rest as written)."""
-    from conductor.pool import load_pool
+    from conductor.workers.pool import load_pool
 
     pool = load_pool(path)
     workers = tuple(w if w.provider == "python" else w.model_copy(update={"sampling": w.sampling.model_copy(
@@ -193,8 +193,8 @@ def greedy_pool(path: str) -> Any:
 
 def split_questions(n_train: int, n_eval: int, seed: int) -> tuple[list[Any], list[Any]]:
     """(training set, held-out set): half GSM8K (train split / test split), half MMLU-STEM (disjoint slices)."""
-    from conductor.datasets import load_dataset
-    from conductor.questionset import check_disjoint
+    from conductor.data.datasets import load_dataset
+    from conductor.data.questionset import check_disjoint
 
     rng = random.Random(seed)
     gtrain, gtest, mcq = load_dataset("gsm8k_train"), load_dataset("gsm8k_test"), load_dataset("mmlu_stem")
@@ -228,7 +228,7 @@ def run_batch(questions: list[Any], spec: Any, policy: Any, executor: Any) -> li
     """plan -> generate -> execute -> score, the production pipeline's stages."""
     import asyncio
 
-    from conductor import pipeline
+    from conductor.run import pipeline
 
     trajs = pipeline.plan(questions, spec)
     pipeline.generate(trajs, policy, spec)
@@ -268,7 +268,7 @@ def run_eval(name: str, held: list[Any], spec: Any, policy: Any, executor: Any, 
 
 
 def _label(subtask: str) -> str:
-    from conductor.grpo.format import CHECK_SUBTASK, CODE_SUBTASK
+    from conductor.learning.grpo.format import CHECK_SUBTASK, CODE_SUBTASK
     from conductor.policy.fixed import DIRECT_SUBTASK
 
     return {DIRECT_SUBTASK: "direct", CODE_SUBTASK: "code", CHECK_SUBTASK: "check"}.get(subtask, "other")
@@ -288,7 +288,7 @@ def shape_of(t: Any) -> str | None:
 
 def summarize(rows: list[Any]) -> dict[str, Any]:
     """Accuracy with its question-level s.e., per domain, worker usage and workflow shapes."""
-    from conductor.evaluation import question_mean_se, to_rows
+    from conductor.learning.evaluation import question_mean_se, to_rows
 
     ev = to_rows(rows)
     acc, se = question_mean_se(ev, "correct")
@@ -326,7 +326,7 @@ def _fmt(name: str, s: dict[str, Any]) -> str:
 
 def make_trainer(a: argparse.Namespace, state: State, base: Path, tracker: Any) -> Any:
     """The policy trainer, from the last saved checkpoint when resuming, else from the formatted base."""
-    from conductor.grpo import GRPOConfig, PolicyTrainer
+    from conductor.learning.grpo import GRPOConfig, PolicyTrainer
 
     cfg = GRPOConfig.cpu(learning_rate=a.lr, lr_schedule=a.lr_schedule, total_iterations=a.iterations,
                          temperature=a.temperature, micro_batch_size=a.group_size, seed=a.seed,
@@ -342,7 +342,7 @@ def rollout_iteration(it: int, a: argparse.Namespace, train: list[Any], pool: An
     the very same trajectories), else sampled from the current weights, executed, scored and committed."""
     from conductor.lake.reader import load_trajectories
     from conductor.lake.writer import shard_done, write_shard
-    from conductor.pipeline import RunSpec
+    from conductor.run.pipeline import RunSpec
 
     run_id = f"rollout-it{it:04d}"
     if shard_done(lake, "rollout", run_id, "s0"):
@@ -371,7 +371,7 @@ def save_checkpoint(trainer: Any, state: State, it: int) -> None:
 
 def train_loop(a: argparse.Namespace, state: State, trainer: Any, policy: Any, train: list[Any], pool: Any,
                executor: Any, lake: str) -> None:
-    from conductor.grpo.tracking import rollout_metrics
+    from conductor.learning.grpo.tracking import rollout_metrics
 
     names = [w.name for w in pool.workers]
     start = trainer.iteration
@@ -414,7 +414,7 @@ def train_loop(a: argparse.Namespace, state: State, trainer: Any, policy: Any, t
 
 def compare_arms(trained: list[Any], untrained: list[Any], single: dict[str, list[Any]]) -> dict[str, Any]:
     """Trained vs the best single worker and vs untrained: paired bootstrap over questions, McNemar per question."""
-    from conductor.evaluation import compare, question_mean_se, to_rows
+    from conductor.learning.evaluation import compare, question_mean_se, to_rows
 
     acc = {w: question_mean_se(to_rows(rows), "correct")[0] for w, rows in single.items()}
     best = max(acc, key=lambda w: acc[w])
@@ -506,7 +506,7 @@ def register(registry: str, base: Path, ckpt: str, cmp: dict[str, Any], pool: An
     """The untrained base is the first champion; the trained checkpoint replaces it only if significantly better."""
     import hashlib
 
-    from conductor.registry import PromotionPolicy, Registry, read_lineage
+    from conductor.learning.registry import PromotionPolicy, Registry, read_lineage
 
     reg = Registry.open(registry)
     base_id = f"learning-local-base-{hashlib.sha256(str(base).encode()).hexdigest()[:8]}"
@@ -544,12 +544,12 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(a.threads)
-    from conductor.cache import ResponseCache
-    from conductor.embedded import ensure_models
-    from conductor.grpo.checkpoint import formatted_base
-    from conductor.grpo.format import ConductorFormat
-    from conductor.grpo.tracking import MetricsTracker, default_tracking_uri, plot_curves
-    from conductor.servers import EmbeddedServers, resolve_embedded
+    from conductor.execution.cache import ResponseCache
+    from conductor.learning.grpo.checkpoint import formatted_base
+    from conductor.learning.grpo.format import ConductorFormat
+    from conductor.learning.grpo.tracking import MetricsTracker, default_tracking_uri, plot_curves
+    from conductor.local.embedded import ensure_models
+    from conductor.local.servers import EmbeddedServers, resolve_embedded
 
     pool = greedy_pool(a.pool)
     (root / "pool.json").write_text(pool.model_dump_json(indent=1))
@@ -591,9 +591,9 @@ def main(argv: list[str] | None = None) -> None:
 def run_all(a: argparse.Namespace, state: State, pool: Any, live_pool: Any, executor: Any, train: list[Any],
             held: list[Any], base: Path, tracker: Any, lake: str) -> dict[str, Any]:
     """Baselines, untrained, training, trained: each phase skipped or resumed from the state dir."""
-    from conductor.pipeline import RunSpec
     from conductor.policy.fixed import FixedWorkflowPolicy
     from conductor.policy.transformers_backend import TransformersBackend
+    from conductor.run.pipeline import RunSpec
 
     eval_spec = RunSpec(run_id="eval", kind="eval", pool=live_pool, samples=a.eval_samples, seed=a.seed + 7,
                         fewshot=a.fewshot, max_steps=a.max_steps, temperature=a.eval_temperature,

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Literal
 
 import yaml
 
-from conductor.providers.base import Message
 from conductor.resources import data_path
+from conductor.workers.providers.base import Message
 from conductor.workflow import DEFAULT_MAX_STEPS, Workflow
 
 if TYPE_CHECKING:
-    from conductor.pool import SubPool
+    from conductor.workers.pool import SubPool
 
 FEWSHOT_DIR = data_path("fewshot")
 
@@ -157,7 +157,7 @@ def role_ordinals(subpool: SubPool) -> dict[str, int]:
     """Which ordinal plays each role in this sub-pool: declared ``roles`` first, ``python`` for the python
     tool, and ``reasoner`` falling back to the first language model.
 
-    >>> from conductor.pool import Pool
+    >>> from conductor.workers.pool import Pool
     >>> pool = Pool.model_validate({"pool_id": "p", "workers": [
     ...     {"name": "tiny", "provider": "simulated", "model": "t"},
     ...     {"name": "big", "provider": "simulated", "model": "b", "roles": ["reasoner"]}]})

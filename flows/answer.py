@@ -14,24 +14,24 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from conductor.pipeline import RunSpec
-from conductor.run_config import AnswerConfig
+from conductor.run.config import AnswerConfig
+from conductor.run.pipeline import RunSpec
 from flows.shards import batch_mode, pending_shards, run_shards
 from tasks.summary import summarize_run
 
 
 @flow(name="conductor-answer", persist_result=False, log_prints=True)
 def answer_flow(config: AnswerConfig) -> dict[str, Any]:
-    """Answer a question set (conductor/run_config.py: ``AnswerConfig``); trajectories go to the lake (OUT/lake,
+    """Answer a question set (conductor/run/config.py: ``AnswerConfig``); trajectories go to the lake (OUT/lake,
     or any local or s3:// root given), answers to OUT/answers.jsonl, a summary and report to OUT. ``batch``:
     worker calls go through the providers' batch APIs at half price, polled every ``batch_poll_s`` seconds
     (flows/shards.py). ``limits``: a store shared with other processes spending the same provider quotas
-    (``sqlite:PATH``, ``prefect``; conductor/shared_limits.py). ``compact``: merge the run's shard files
+    (``sqlite:PATH``, ``prefect``; conductor/execution/shared_limits.py). ``compact``: merge the run's shard files
     afterwards (conductor/lake/compact.py)."""
-    from conductor.preflight import prepare_answer
-    from conductor.progress import RunProgress
-    from conductor.runtime import serving
-    from conductor.secrets import redact_prefect_logs
+    from conductor.run.preflight import prepare_answer
+    from conductor.run.progress import RunProgress
+    from conductor.run.runtime import serving
+    from conductor.workers.secrets import redact_prefect_logs
 
     redact_prefect_logs()
     log = get_run_logger()

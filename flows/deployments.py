@@ -31,7 +31,7 @@ ANSWER = "scheduled-answering"
 
 # name -> (environment variable, default); documented in docs/deployments.md. Defaults that are paths under
 # CONDUCTOR_HOME are filled in by settings(), so that the registry the nightly flow promotes into is the one
-# `conductor answer --conductor auto` reads (conductor.runtime.registry_uri).
+# `conductor answer --conductor auto` reads (conductor.run.runtime.registry_uri).
 SETTINGS: dict[str, tuple[str, str]] = {
     "timezone": ("CONDUCTOR_TIMEZONE", "UTC"),
     "nightly_cron": ("CONDUCTOR_NIGHTLY_CRON", "0 2 * * *"),
@@ -206,12 +206,12 @@ def load_flow(spec: DeploymentSpec) -> Any:
 
 
 def config_model(flow_obj: Any) -> Any:
-    """The run configuration class a flow takes as its one ``config`` parameter (conductor/run_config.py), or
+    """The run configuration class a flow takes as its one ``config`` parameter (conductor/run/config.py), or
     None for a flow with plain parameters. A deployment's parameters stay flat either way: they are the
     configuration's fields, validated here and passed as ``config``."""
     import typing
 
-    from conductor.run_config import RunConfig
+    from conductor.run.config import RunConfig
 
     sig = inspect.signature(flow_obj.fn)
     if list(sig.parameters) != ["config"]:
@@ -229,7 +229,7 @@ def check_parameters(spec: DeploymentSpec, flow_obj: Any) -> None:
     """Fail early, naming the parameter, instead of at the first scheduled run in the night."""
     model = config_model(flow_obj)
     if model is not None:
-        from conductor.run_config import ConfigError
+        from conductor.run.config import ConfigError
 
         flags = {name: f"parameter {name!r}" for name in spec.parameters}
         try:

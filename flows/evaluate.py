@@ -13,15 +13,15 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 
-from conductor.run_config import RolloutConfig, eval_run_id
+from conductor.run.config import RolloutConfig, eval_run_id
 from flows.rollout import rollout_flow
 
 
 @task(name="compare-candidate-champion", cache_policy=NONE)
 def compare_runs(lake: str, candidate_run: str, champion_run: str, candidate_id: str, champion_id: str,
                  metric: str = "correct", seed: int = 0) -> dict[str, Any]:
-    from conductor.evaluation import compare
     from conductor.lake.reader import scan
+    from conductor.learning.evaluation import compare
 
     cols = ["question_id", "domain", "sample_index", "correct", "reward", "infra_failed", "n_calls", "cost_usd"]
     cand = scan(lake, kind="eval", run_id=candidate_run).select(cols).collect().to_dicts()
@@ -41,10 +41,10 @@ def evaluate_flow(candidate: str, champion: str, questions: str, pool: str, lake
 
     Returns {"reports": {"main": report, "heldout": report?}, "runs": {"main": {checkpoint id: eval run id}, ...}}.
     """
-    from conductor.evaluation import EvalReport
-    from conductor.pool import load_pool
-    from conductor.runtime import checkpoint_of
-    from conductor.summary import atomic_write_text
+    from conductor.learning.evaluation import EvalReport
+    from conductor.run.runtime import checkpoint_of
+    from conductor.run.summary import atomic_write_text
+    from conductor.workers.pool import load_pool
 
     log = get_run_logger()
     manifest = load_pool(pool)

@@ -3,7 +3,7 @@ rollouts -> GRPO, evaluate the result against the champion (and every single wor
 significantly better, and write a report. A budget (calls, dollars, hours) stops it cleanly between stages;
 rerunning the same night resumes (committed shards and saved checkpoints are reused).
 
-The flow only sequences subflows; every decision is a plain function in conductor/nightly.py.
+The flow only sequences subflows; every decision is a plain function in conductor/learning/nightly.py.
 
     conductor nightly --help
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from conductor.nightly import (
+from conductor.learning.nightly import (
     Night,
     baseline_rollouts,
     budget_stop,
@@ -30,7 +30,7 @@ from conductor.nightly import (
     retrain_reason,
     tracking_settings,
 )
-from conductor.run_config import NightlyConfig
+from conductor.run.config import NightlyConfig
 from flows.evaluate import evaluate_flow
 from flows.rollout import rollout_flow
 from flows.train import train_flow
@@ -38,15 +38,15 @@ from flows.train import train_flow
 
 @flow(name="conductor-nightly", persist_result=False)
 def nightly_flow(config: NightlyConfig) -> dict[str, Any]:
-    """One night (conductor/run_config.py: ``NightlyConfig``): ``base`` is the checkpoint to start from when
+    """One night (conductor/run/config.py: ``NightlyConfig``): ``base`` is the checkpoint to start from when
     there is no champion; ``backend`` samples rollouts from a checkpoint (``vllm`` on GPU nodes);
     ``tracking_uri``: MLflow for the per-iteration metrics, one run per night (``"none"``: off);
     ``conductor_format``: a decoding contract written next to the base's HF copy, so every rollout, evaluation
     and answer with it and its descendants decodes under that grammar; ``limits``: the store its rollouts and
     evaluations share provider limits through (flows/rollout.py)."""
-    from conductor.pool import load_pool
-    from conductor.questionset import check_disjoint, load_questions
-    from conductor.registry import Registry
+    from conductor.data.questionset import check_disjoint, load_questions
+    from conductor.learning.registry import Registry
+    from conductor.workers.pool import load_pool
 
     log = get_run_logger()
     night = plan_night(config)
@@ -79,8 +79,8 @@ def _base(config: NightlyConfig, night: Night) -> str:
     """The base checkpoint, with the night's decoding contract written next to its HF copy when one is set."""
     if not config.conductor_format:
         return config.base
-    from conductor.grpo.checkpoint import formatted_base
-    from conductor.grpo.format import ConductorFormat
+    from conductor.learning.grpo.checkpoint import formatted_base
+    from conductor.learning.grpo.format import ConductorFormat
 
     return str(formatted_base(config.base, ConductorFormat.from_json(config.conductor_format), night.work / "base"))
 
@@ -105,7 +105,7 @@ def _train(config: NightlyConfig, night: Night, reg: Any, champion: Any,
         _continue_tracking(tracking, trained, night)
         history.append({**trained["metrics"], "iteration": i + 1})
         if run_id not in reg.backend.checkpoints():
-            from conductor.registry import read_lineage
+            from conductor.learning.registry import read_lineage
 
             reg.register(trained["uri"], lineage=checkpoint_lineage(read_lineage(trained["uri"]), manifest, night),
                          checkpoint_id=run_id)
@@ -123,7 +123,7 @@ def _continue_tracking(tracking: dict[str, Any] | None, trained: dict[str, Any],
         return
     import json
 
-    from conductor.summary import atomic_write_text
+    from conductor.run.summary import atomic_write_text
 
     tracking["run_id"] = trained["mlflow_run_id"]
     atomic_write_text(night.reports / "mlflow.json",
@@ -133,7 +133,7 @@ def _continue_tracking(tracking: dict[str, Any] | None, trained: dict[str, Any],
 def _plot_curves(history: list[dict[str, Any]], night: Night, tracking: dict[str, Any] | None) -> None:
     if not history:
         return
-    from conductor.grpo.tracking import MetricsTracker, plot_curves
+    from conductor.learning.grpo.tracking import MetricsTracker, plot_curves
 
     curves = plot_curves(history, night.reports / "training-curves.png", title=f"nightly {night.tag}: GRPO")
     if tracking is not None and tracking.get("run_id"):
@@ -143,10 +143,10 @@ def _plot_curves(history: list[dict[str, Any]], night: Night, tracking: dict[str
 def _promote(config: NightlyConfig, night: Night, reg: Any, champion: Any, manifest: Any,
              evaluation: dict[str, Any]) -> tuple[dict[str, Any], list[Any], str]:
     """Promote if significantly better; (decision, accuracy-per-dollar points, the candidate's eval run)."""
-    from conductor.evaluation import EvalReport
-    from conductor.nightly_report import Point
-    from conductor.registry import PromotionPolicy
-    from conductor.summary import run_summary
+    from conductor.learning.evaluation import EvalReport
+    from conductor.learning.nightly_report import Point
+    from conductor.learning.registry import PromotionPolicy
+    from conductor.run.summary import run_summary
 
     report = EvalReport.from_json(evaluation["reports"]["main"])
     decision = decision_record(reg.promote_if_better(report.candidate_id, report,
@@ -167,7 +167,7 @@ def _promote(config: NightlyConfig, night: Night, reg: Any, champion: Any, manif
 
 def _skipped(night: Night, manifest: Any, why: str) -> dict[str, Any]:
     """Nothing to retrain: the report says why, nothing else."""
-    from conductor.nightly_report import render_nightly_report
+    from conductor.learning.nightly_report import render_nightly_report
 
     path = render_nightly_report(night.reports, pool_id=manifest.id, decision=None, why=why, iterations=[],
                                  evaluation=None, points=[])
@@ -180,7 +180,7 @@ def _report(config: NightlyConfig, night: Night, manifest: Any, why: str, iterat
     """Write the morning-after report (and a Prefect artifact of it); the flow's result."""
     from prefect.artifacts import create_markdown_artifact
 
-    from conductor.nightly_report import render_nightly_report
+    from conductor.learning.nightly_report import render_nightly_report
 
     path = render_nightly_report(night.reports, pool_id=manifest.id, decision=decision, why=why, iterations=iterations,
                                  evaluation=evaluation["reports"] if evaluation else None, points=points or [],

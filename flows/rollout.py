@@ -12,8 +12,8 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from conductor.pipeline import RunSpec
-from conductor.run_config import RolloutConfig
+from conductor.run.config import RolloutConfig
+from conductor.run.pipeline import RunSpec
 from flows.shards import fan_out_shards, run_shards, unfinished_shards
 
 
@@ -35,17 +35,17 @@ def on_dask(flow_fn: Any, address: str | None = None, n_workers: int = 2) -> Any
 
 @flow(name="conductor-rollout", persist_result=False)
 def rollout_flow(config: RolloutConfig) -> dict[str, Any]:
-    """Write one rollout run (GRPO groups; conductor/run_config.py: ``RolloutConfig``) to the lake; returns
+    """Write one rollout run (GRPO groups; conductor/run/config.py: ``RolloutConfig``) to the lake; returns
     counts and mean reward.
 
     ``limits``: the store the shard processes share provider limits through (``sqlite:PATH``, ``prefect``;
-    conductor/shared_limits.py); fanned out on Dask/Ray it defaults to ``limits.sqlite`` next to the cache."""
-    from conductor.pool import load_pool
-    from conductor.questions import sharded
-    from conductor.questionset import load_questions
-    from conductor.runtime import checkpoint_of
-    from conductor.secrets import redact_prefect_logs
-    from conductor.summary import run_summary
+    conductor/execution/shared_limits.py); fanned out on Dask/Ray it defaults to ``limits.sqlite`` next to the cache."""
+    from conductor.data.questions import sharded
+    from conductor.data.questionset import load_questions
+    from conductor.run.runtime import checkpoint_of
+    from conductor.run.summary import run_summary
+    from conductor.workers.pool import load_pool
+    from conductor.workers.secrets import redact_prefect_logs
 
     redact_prefect_logs()   # keys never reach Prefect's console or its log store
     log = get_run_logger()
@@ -58,7 +58,7 @@ def rollout_flow(config: RolloutConfig) -> dict[str, Any]:
     todo = unfinished_shards(shards, spec, c.lake)
     limits = c.limits
     if todo and _runs_remotely():  # fan out: each Dask/Ray worker builds its own runtime from the plain specs
-        from conductor.shared_limits import default_spec
+        from conductor.execution.shared_limits import default_spec
 
         limits = limits or default_spec(c.cache, fans_out=True)   # one quota for every worker process
         log.info("%s run %s: provider limits shared through %s", c.kind, c.run_id, limits)
@@ -66,7 +66,7 @@ def rollout_flow(config: RolloutConfig) -> dict[str, Any]:
     elif todo:            # in-process: one loaded policy, shards in order
         from dataclasses import replace
 
-        from conductor.runtime import shared_live
+        from conductor.run.runtime import shared_live
 
         live = shared_live(manifest, c.conductor)
         written = run_shards(todo, replace(spec, pool=live.pool), c.lake, live.policy,

@@ -14,7 +14,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from conductor.run_config import DEFAULT_POOL, AnswerConfig
+from conductor.run.config import DEFAULT_POOL, AnswerConfig
 from flows.answer import answer_flow
 
 

@@ -4,7 +4,7 @@ WHY: the library reads keys only from environment variables (the names a pool ma
 ``api_key_env``); on a scheduled deployment the operator keeps them in Prefect Secret blocks instead of a
 worker's environment, so rotating a key is one ``Secret(value=...).save(name, overwrite=True)`` and the next
 run uses it. The values go into ``os.environ`` of the flow-run process only, are registered for redaction
-(``conductor.secrets``) and are never logged, returned or stored.
+(``conductor.workers.secrets``) and are never logged, returned or stored.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def export_secret_blocks(mapping: Mapping[str, str] | None) -> list[str]:
         return []
     from prefect.blocks.system import Secret
 
-    from conductor.secrets import register_key_env
+    from conductor.workers.secrets import register_key_env
 
     done = []
     for env_name, block in mapping.items():

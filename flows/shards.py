@@ -26,7 +26,7 @@ from typing import Any
 
 from prefect import get_run_logger
 
-from conductor.pipeline import RunSpec
+from conductor.run.pipeline import RunSpec
 from tasks.batch import execute_waves_task
 from tasks.lake import committed_task, write_shard_task
 from tasks.pipeline import execute_shard, generate_shard, plan_shard, score_shard
@@ -58,7 +58,7 @@ class BatchMode:
 def pending_shards(questions: Sequence[Any], spec: RunSpec, lake: str, shard_size: int,
                    retry_failed: bool = True) -> ShardPlan:
     """The shards still to do, by content; ``retry_failed=False`` leaves infra-failed questions as they are."""
-    from conductor.questions import content_sharded
+    from conductor.data.questions import content_sharded
 
     state = committed_task(lake, spec.kind, spec.run_id)
     ids = {q.id: spec.trajectory_ids(q) for q in questions}
@@ -147,9 +147,9 @@ def _commit(sid: str, sq: Sequence[Any], trajs: list[Any], spec: RunSpec, lake: 
 
 def batch_executor(executor: Any, enabled: bool = True, poll_s: float = 60.0) -> Any:
     """A ``BatchExecutor`` over the run's executor (same cache and limits), its store beside the cache."""
-    from conductor.batch.executor import BatchExecutor
-    from conductor.batch.settings import BatchSettings
-    from conductor.batch.store import BatchStore
+    from conductor.execution.batch.executor import BatchExecutor
+    from conductor.execution.batch.settings import BatchSettings
+    from conductor.execution.batch.store import BatchStore
 
     if executor.cache is None:
         raise ValueError("batch mode needs a response cache (its batch store lives beside it)")

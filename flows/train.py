@@ -4,7 +4,7 @@ A rerun finds the checkpoint already saved and returns it (idempotent).
 
 Sharded full fine-tuning (the paper's 7B on 2 x H100): a config with ``distributed: fsdp`` and
 ``nproc_per_node`` > 1 (or left unset on a machine with several GPUs) runs the step as ``torchrun``
-processes, one per GPU, over the ``train-step`` CLI (``conductor.grpo.launch``)."""
+processes, one per GPU, over the ``train-step`` CLI (``conductor.learning.grpo.launch``)."""
 
 from __future__ import annotations
 
@@ -18,19 +18,19 @@ from prefect.cache_policies import NONE
 @task(name="grpo-step", cache_policy=NONE, timeout_seconds=None)
 def grpo_step_task(base: str, lake: str, run_id: str, out: str, checkpoint_id: str, config: dict[str, Any],
                    nproc_per_node: int = 1, reference: str | None = None) -> dict[str, Any]:
-    from conductor.grpo.config import GRPOConfig
+    from conductor.learning.grpo.config import GRPOConfig
 
     cfg = GRPOConfig(**config) if config else GRPOConfig()
     if nproc_per_node > 1:
-        from conductor.grpo.launch import torchrun_train_step
+        from conductor.learning.grpo.launch import torchrun_train_step
 
         get_run_logger().info("GRPO step on %s as torchrun with %d processes (%s)", run_id, nproc_per_node,
                               cfg.distributed)
         path, metrics = torchrun_train_step(nproc_per_node, run_id=run_id, lake=lake, base=base, out=out,
                                             checkpoint_id=checkpoint_id, config=cfg.to_json())
         return {"uri": path, "checkpoint_id": checkpoint_id, "metrics": metrics}
-    from conductor.grpo.trainer import grpo_step
     from conductor.lake.reader import load_trajectories
+    from conductor.learning.grpo.trainer import grpo_step
 
     trajectories = load_trajectories(lake, run_id, kind="rollout")
     if not trajectories:
@@ -42,7 +42,7 @@ def grpo_step_task(base: str, lake: str, run_id: str, out: str, checkpoint_id: s
 def log_metrics(tracking: dict[str, Any], metrics: dict[str, Any], step: int, params: dict[str, Any] | None = None) -> str:
     """Log one iteration's metrics to MLflow (``tracking``: ``uri``, ``experiment``, and ``run_id`` or
     ``run_name``); returns the run id so the next iteration continues the same run."""
-    from conductor.grpo.tracking import DEFAULT_EXPERIMENT, MetricsTracker
+    from conductor.learning.grpo.tracking import DEFAULT_EXPERIMENT, MetricsTracker
 
     tracker = MetricsTracker(tracking["uri"], tracking.get("experiment") or DEFAULT_EXPERIMENT,
                              run_id=tracking.get("run_id"), run_name=tracking.get("run_name"))
@@ -66,7 +66,7 @@ def train_flow(base: str, lake: str, run_id: str, out: str, checkpoint_id: str, 
     step's metrics are logged there at ``step`` (default: the checkpoint's iteration) and the result carries
     ``mlflow_run_id``. A resumed step (checkpoint already saved) logs nothing twice.
     """
-    from conductor.registry import Registry, read_lineage
+    from conductor.learning.registry import Registry, read_lineage
 
     log = get_run_logger()
     if (Path(out) / "lineage.json").is_file() if "://" not in out else False:
@@ -74,7 +74,7 @@ def train_flow(base: str, lake: str, run_id: str, out: str, checkpoint_id: str, 
                   "resumed": True}
         log.info("checkpoint %s already saved at %s: reusing it", checkpoint_id, out)
     else:
-        from conductor.grpo.launch import processes_for
+        from conductor.learning.grpo.launch import processes_for
 
         result = grpo_step_task(base, lake, run_id, out, checkpoint_id, config or {},
                                 processes_for(config or {}, nproc_per_node), reference)

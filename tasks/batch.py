@@ -1,4 +1,4 @@
-"""Prefect task for batch mode: one wrapper over ``conductor.batch.run.execute_waves``."""
+"""Prefect task for batch mode: one wrapper over ``conductor.run.batch.execute_waves``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
-from conductor.batch.run import execute_waves
+from conductor.run.batch import execute_waves
 from conductor.trajectory import Trajectory
 
 

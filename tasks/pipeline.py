@@ -1,4 +1,4 @@
-"""Prefect tasks for the shard pipeline: each wraps one library function from conductor.pipeline.
+"""Prefect tasks for the shard pipeline: each wraps one library function from conductor.run.pipeline.
 
 Tasks take live objects (the policy, the executor) and so opt out of input hashing (cache_policy=NONE);
 what makes reruns cheap is the lake (finished shards are skipped) and the response cache, not Prefect.
@@ -12,7 +12,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
-from conductor import pipeline
+from conductor.run import pipeline
 from conductor.trajectory import Trajectory
 
 

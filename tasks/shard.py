@@ -9,7 +9,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
-from conductor.pipeline import RunSpec
+from conductor.run.pipeline import RunSpec
 
 
 @task(name="rollout-shard", cache_policy=NONE, retries=1, retry_delay_seconds=5)
@@ -18,9 +18,9 @@ def run_shard_task(questions: Sequence[Any], spec: RunSpec, shard_id: str, lake:
     """Run one shard end to end and commit it; a committed shard is skipped (idempotent reruns)."""
     from dataclasses import replace
 
-    from conductor import pipeline
     from conductor.lake.writer import shard_done, write_shard
-    from conductor.runtime import shared_live
+    from conductor.run import pipeline
+    from conductor.run.runtime import shared_live
 
     if shard_done(lake, spec.kind, spec.run_id, shard_id):
         return 0

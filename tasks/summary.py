@@ -17,7 +17,7 @@ def summarize_run(lake: str, run_id: str, out_dir: str, kind: str = "answer",
     from prefect.artifacts import create_markdown_artifact
 
     from conductor.lake.report import render_report
-    from conductor.summary import atomic_write_text, format_summary, run_summary, write_answers
+    from conductor.run.summary import atomic_write_text, format_summary, run_summary, write_answers
 
     out = Path(out_dir)
     summary, df = run_summary(lake, run_id, kind, current)

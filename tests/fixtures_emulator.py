@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from conductor.emulator import Emulator
-from conductor.pool import Pool, Worker
 from conductor.trajectory import Round, Trajectory, trajectory_id
+from conductor.workers.emulator import Emulator
+from conductor.workers.pool import Pool, Worker
 
 FAKE_KEYS = {
     "EMU_OPENAI_KEY": "sk-emu-openai-7f3a9c1e5b2d4f60a8c7",

@@ -14,12 +14,12 @@ import textwrap
 
 import pytest
 
-from conductor.extract import MAX_CHARS, answer_tag, extract
+from conductor.data.questions import Question
 from conductor.grading import get_grader
 from conductor.grading.code import CodeGrader
-from conductor.questions import Question
-from conductor.reward import score_trajectory
-from conductor.sandbox import Limits, Sandbox
+from conductor.grading.extract import MAX_CHARS, answer_tag, extract
+from conductor.grading.reward import score_trajectory
+from conductor.grading.sandbox import Limits, Sandbox
 from conductor.trajectory import Round, Trajectory
 
 # --------------------------------------------------------------------------- extraction cost
@@ -48,7 +48,7 @@ def _under_cpu_budget(snippet: str) -> str:
 ])
 def test_degenerate_replies_are_extracted_in_linear_time(name, build, call, want):
     out = _under_cpu_budget(f"""
-        from conductor.extract import boxed, choice_letter, code_block, extract
+        from conductor.grading.extract import boxed, choice_letter, code_block, extract
         t = {build}
         r = {call}
         print(r if r is None or len(r) < 20 else r[:9])

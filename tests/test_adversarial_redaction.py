@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conductor.emulator import Emulator, EmulatorConfig
+from conductor.workers.emulator import Emulator, EmulatorConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_POOL = str(ROOT / "data/pools/simulated.yaml")
@@ -53,7 +53,7 @@ def test_conductor_endpoint_401_echoing_the_key_is_redacted_everywhere(tmp_path)
 
 
 def test_redacting_filter_scrubs_tracebacks_on_every_prefect_handler(monkeypatch):
-    from conductor.secrets import get_key, redact_prefect_logs
+    from conductor.workers.secrets import get_key, redact_prefect_logs
 
     monkeypatch.setenv("CONDUCTOR_ADV_FILTER_KEY", SECRET)
     get_key("CONDUCTOR_ADV_FILTER_KEY")

@@ -13,8 +13,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from conductor.emulator import Emulator
 from conductor.lake.reader import scan
+from conductor.workers.emulator import Emulator
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_POOL = str(ROOT / "data/pools/simulated.yaml")
@@ -29,7 +29,7 @@ def write_questions(path: Path, n: int, edits: dict[int, tuple[str, str]] | None
 
 
 def answer(qfile: Path, out: Path, **kw):
-    from conductor.run_config import AnswerConfig
+    from conductor.run.config import AnswerConfig
     from flows.answer import answer_flow
 
     kw.setdefault("pool", SIM_POOL)

@@ -12,11 +12,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from conductor import pipeline
+from conductor.data.questions import Question
 from conductor.lake.reader import scan
 from conductor.policy.base import Generation
-from conductor.pool import load_pool
-from conductor.questions import Question
+from conductor.run import pipeline
+from conductor.workers.pool import load_pool
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_POOL = str(ROOT / "data/pools/simulated.yaml")
@@ -31,7 +31,7 @@ def questions_file(tmp_path):
 
 
 def test_answer_flow_writes_lake_answers_report_and_resumes(tmp_path, questions_file):
-    from conductor.run_config import AnswerConfig
+    from conductor.run.config import AnswerConfig
     from flows.answer import answer_flow
 
     out = tmp_path / "out"
@@ -76,7 +76,7 @@ class ScriptedConductor:
 
 
 def test_malformed_conductor_outputs_are_scored_and_recorded(tmp_path):
-    from conductor.executor import Executor
+    from conductor.execution.executor import Executor
     from conductor.lake.writer import write_shard
 
     pool = load_pool(SIM_POOL)
@@ -101,7 +101,7 @@ def test_malformed_conductor_outputs_are_scored_and_recorded(tmp_path):
 def test_one_trajectory_that_raises_does_not_sink_the_shard():
     """pipeline.execute runs through recursion.execute_batch: a trajectory whose execution raises is recorded
     as infra-failed, the others run, and ``on_done`` hears of every one (batch mode counts on it)."""
-    from conductor.executor import Executor
+    from conductor.execution.executor import Executor
 
     pool = load_pool(SIM_POOL)
     qs = [Question(id=f"e{i}", dataset="t", domain="math", prompt=f"What is {i}+1?", gold=str(i + 1)) for i in range(3)]

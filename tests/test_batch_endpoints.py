@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from conductor.batch.adapters.base import BatchRequest, adapter_class
-from conductor.emulator import Emulator
-from conductor.providers.base import Message, make_provider
+from conductor.execution.batch.adapters.base import BatchRequest, adapter_class
+from conductor.workers.emulator import Emulator
+from conductor.workers.providers.base import Message, make_provider
 from tests.fixtures_emulator import emu as _emu  # noqa: F401 - pytest fixtures, used by name
 from tests.fixtures_emulator import emulator, worker  # noqa: F401
 
@@ -163,7 +163,7 @@ def test_openai_batch_with_two_models_is_refused_as_a_whole(emu: Emulator) -> No
 
 
 def test_anthropic_refuses_custom_ids_it_cannot_take(emu: Emulator) -> None:
-    from conductor.providers.base import ProviderError
+    from conductor.workers.providers.base import ProviderError
 
     w = worker(emu, "c", "anthropic")
 

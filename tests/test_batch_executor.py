@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from conductor.batch.executor import BatchExecutor
-from conductor.batch.settings import BatchSettings
-from conductor.batch.store import BatchStore
-from conductor.cache import ResponseCache
-from conductor.emulator import Emulator
-from conductor.executor import Executor
-from conductor.pool import Pool
-from conductor.recursion import execute_batch, run_batch
-from conductor.retry import RetryPolicy
+from conductor.execution.batch.executor import BatchExecutor
+from conductor.execution.batch.settings import BatchSettings
+from conductor.execution.batch.store import BatchStore
+from conductor.execution.cache import ResponseCache
+from conductor.execution.executor import Executor
+from conductor.execution.recursion import execute_batch, run_batch
+from conductor.execution.retry import RetryPolicy
 from conductor.trajectory import Trajectory
+from conductor.workers.emulator import Emulator
+from conductor.workers.pool import Pool
 from tests.fixtures_emulator import emu as _emu  # noqa: F401 - pytest fixtures, used by name
 from tests.fixtures_emulator import emulator, lists, make_traj, worker  # noqa: F401
 

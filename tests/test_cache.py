@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from conductor.cache import ResponseCache, cache_key
-from conductor.cost import summarize_run
-from conductor.emulator import Emulator
-from conductor.executor import Executor
-from conductor.pool import Worker
-from conductor.providers.base import Completion, Message
-from conductor.recursion import run_batch
+from conductor.execution.cache import ResponseCache, cache_key
+from conductor.execution.executor import Executor
+from conductor.execution.recursion import run_batch
+from conductor.workers.cost import summarize_run
+from conductor.workers.emulator import Emulator
+from conductor.workers.pool import Worker
+from conductor.workers.providers.base import Completion, Message
 from tests.fixtures_emulator import emu, emulator, lists, make_traj, three_provider_pool  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,9 +82,9 @@ def test_replay_miss_is_an_infra_failure(emu: Emulator, tmp_path: Path) -> None:
 _WRITER = textwrap.dedent("""
     import asyncio, sys
     sys.path.insert(0, {root!r})
-    from conductor.cache import ResponseCache
-    from conductor.pool import Worker
-    from conductor.providers.base import Completion
+    from conductor.execution.cache import ResponseCache
+    from conductor.workers.pool import Worker
+    from conductor.workers.providers.base import Completion
     w = Worker(name="a", provider="openai", model="m")
     cache = ResponseCache(sys.argv[1])
     async def main():

@@ -76,7 +76,7 @@ def test_every_command_has_help():
 
 
 def test_import_is_light():
-    code = ("import sys, conductor, conductor.parser, conductor.pool, conductor.prompts, conductor.cli; "
+    code = ("import sys, conductor, conductor.parser, conductor.workers.pool, conductor.prompts, conductor.cli; "
             "heavy = [m for m in ('torch', 'vllm', 'prefect', 'transformers') if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

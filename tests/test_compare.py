@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conductor.compare import compare_runs, split_strategies
 from conductor.lake.reader import scan
 from conductor.lake.report import cost_axis_limits
+from conductor.run.compare import compare_runs, split_strategies
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_POOL = ROOT / "data/pools/simulated.yaml"
@@ -109,7 +109,7 @@ def test_read_mode_reproduces_the_run_mode_table(ran, tmp_path):
 
 
 def test_a_free_pool_is_plotted_against_seconds(tmp_path):
-    from conductor.run_config import AnswerConfig
+    from conductor.run.config import AnswerConfig
     from flows.answer import answer_flow
 
     pool = tmp_path / "free.yaml"

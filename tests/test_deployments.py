@@ -45,7 +45,7 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 def _smallest_model_spec() -> str:
     """The smallest real model as the conductor (transformers backend, GGUF loaded directly)."""
-    from conductor.embedded import EmbeddedError, model_path
+    from conductor.local.embedded import EmbeddedError, model_path
 
     try:
         return f"transformers:{model_path('smollm2-135m-instruct')}"
@@ -244,7 +244,7 @@ def test_provider_key_from_a_secret_block_reaches_the_environment_only(prefect_s
 import os, sys
 from prefect.blocks.system import Secret
 from flows.secret_env import export_secret_blocks
-from conductor.secrets import redact
+from conductor.workers.secrets import redact
 Secret(value="sk-rotated-000000000000000000").save("conductor-test-key", overwrite=True)
 assert export_secret_blocks({"CONDUCTOR_TEST_PROVIDER_KEY": "conductor-test-key"}) == ["CONDUCTOR_TEST_PROVIDER_KEY"]
 assert os.environ["CONDUCTOR_TEST_PROVIDER_KEY"] == "sk-rotated-000000000000000000"

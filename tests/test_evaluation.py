@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from conductor.evaluation import (
+from conductor.learning.evaluation import (
     EvalReport,
     EvalRow,
     compare,

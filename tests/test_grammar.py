@@ -32,11 +32,12 @@ def test_grammar_compiles_in_llama_cpp():
 
 @needs_llama
 def test_constrained_samples_always_parse(tmp_path):
-    from conductor.embedded import installed
+    from conductor.local.embedded import installed
+    from conductor.local.process import ServerSettings
+    from conductor.local.servers import LlamaServer
     from conductor.policy import make_policy
-    from conductor.pool import load_pool
     from conductor.prompts import conductor_prompt
-    from conductor.servers import LlamaServer, ServerSettings
+    from conductor.workers.pool import load_pool
 
     path = installed().get("smollm2-135m-instruct")
     if path is None:

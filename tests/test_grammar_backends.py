@@ -35,7 +35,7 @@ needs_hf = pytest.mark.skipif(importlib.util.find_spec("transformers") is None
 
 
 def _smol() -> Path:
-    from conductor.embedded import installed
+    from conductor.local.embedded import installed
 
     path = installed().get("smollm2-135m-instruct")
     if path is None:
@@ -44,8 +44,8 @@ def _smol() -> Path:
 
 
 def _prompt(question: str = "What is 17 * 3?") -> tuple[str, int]:
-    from conductor.pool import load_pool
     from conductor.prompts import conductor_prompt
+    from conductor.workers.pool import load_pool
 
     sub = load_pool(ROOT / "data/pools/simulated.yaml").sample(3, seed=1)
     return conductor_prompt(question, sub, fewshot="ood:1"), len(sub)

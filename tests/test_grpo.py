@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from conductor.grpo.advantages import group_advantages, trajectory_advantages
-from conductor.grpo.config import GRPOConfig, GRPOConfigError, lr_at
-from conductor.grpo.modes import RandomizedPoolConfig, forced_recursion_samples
-from conductor.grpo.samples import build_samples
-from conductor.pool import load_pool
+from conductor.learning.grpo.advantages import group_advantages, trajectory_advantages
+from conductor.learning.grpo.config import GRPOConfig, GRPOConfigError, lr_at
+from conductor.learning.grpo.modes import RandomizedPoolConfig, forced_recursion_samples
+from conductor.learning.grpo.samples import build_samples
 from conductor.trajectory import Round
+from conductor.workers.pool import load_pool
 from grpo_fixtures import rollout, tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +46,7 @@ def test_trajectory_advantages_group_by_run_and_question():
 
 
 def test_recursion_rounds_are_samples_normalised_across_rounds_with_the_scored_discount():
-    from conductor.reward import recursion_round_rewards
+    from conductor.grading.reward import recursion_round_rewards
 
     ts = rollout("r", "q", [1.0, 0.5, 1.0])
     for t in ts[::2]:
@@ -109,7 +109,7 @@ torch = pytest.importorskip("torch")
 
 
 def test_clipped_loss_clips_only_in_the_direction_of_the_advantage():
-    from conductor.grpo.loss import clipped_token_loss
+    from conductor.learning.grpo.loss import clipped_token_loss
 
     logp = torch.tensor([[math.log(1.5), math.log(0.5)]], requires_grad=True)
     beh = torch.zeros(1, 2)
@@ -123,7 +123,7 @@ def test_clipped_loss_clips_only_in_the_direction_of_the_advantage():
 
 
 def test_kl_term_is_zero_at_the_reference_and_positive_elsewhere():
-    from conductor.grpo.loss import clipped_token_loss
+    from conductor.learning.grpo.loss import clipped_token_loss
 
     logp = torch.tensor([[-1.0, -2.0]])
     same = clipped_token_loss(logp, logp, torch.tensor([0.0]), ref_logp=logp, beta=0.1)
@@ -134,7 +134,7 @@ def test_kl_term_is_zero_at_the_reference_and_positive_elsewhere():
 
 @pytest.mark.parametrize("mode", ["sequence-mean", "dapo", "dr-grpo"])
 def test_micro_batch_contributions_sum_to_the_full_batch_loss(mode):
-    from conductor.grpo.loss import aggregate
+    from conductor.learning.grpo.loss import aggregate
 
     g = torch.Generator().manual_seed(0)
     loss = torch.randn(6, 5, generator=g)
@@ -155,9 +155,9 @@ def tiny(tmp_path_factory) -> Path:
 
 
 def _seq_logprob(trainer, prompt: str, completion: str) -> float:
-    from conductor.grpo.batching import encode, make_batch
-    from conductor.grpo.logprobs import completion_logprobs
-    from conductor.grpo.samples import Sample
+    from conductor.learning.grpo.batching import encode, make_batch
+    from conductor.learning.grpo.logprobs import completion_logprobs
+    from conductor.learning.grpo.samples import Sample
 
     e = encode(trainer.tokenizer, Sample("x", 0, ("r", "q"), prompt, completion, 0.0), trainer.cfg)
     with torch.no_grad():
@@ -165,7 +165,7 @@ def _seq_logprob(trainer, prompt: str, completion: str) -> float:
 
 
 def test_gradient_step_raises_rewarded_completion_and_lowers_punished_one(tiny):
-    from conductor.grpo.trainer import PolicyTrainer
+    from conductor.learning.grpo.trainer import PolicyTrainer
 
     cfg = GRPOConfig.cpu(learning_rate=3e-3, total_iterations=3, warmup_ratio=0.0, micro_batch_size=1)
     tr = PolicyTrainer(str(tiny), cfg)
@@ -179,7 +179,7 @@ def test_gradient_step_raises_rewarded_completion_and_lowers_punished_one(tiny):
 
 
 def test_stored_behaviour_logprobs_are_used_for_the_ratio(tiny):
-    from conductor.grpo.trainer import PolicyTrainer
+    from conductor.learning.grpo.trainer import PolicyTrainer
 
     cfg = GRPOConfig.cpu(learning_rate=1e-3, total_iterations=3)
     tr = PolicyTrainer(str(tiny), cfg)
@@ -195,7 +195,7 @@ def test_stored_behaviour_logprobs_are_used_for_the_ratio(tiny):
 def test_grpo_step_saves_a_loadable_checkpoint_with_lineage_and_chains(tiny, tmp_path):
     from safetensors.torch import load_file
 
-    from conductor.grpo.trainer import grpo_step
+    from conductor.learning.grpo.trainer import grpo_step
 
     cfg = GRPOConfig.cpu(learning_rate=1e-3, total_iterations=4)
     ts = rollout("run-a", "q1", [1.0, 0.0, 0.5, None]) + rollout("run-a", "q2", [1.0, 1.0, 0.0, 0.0], prompt="Route: MCQ?")
@@ -210,7 +210,7 @@ def test_grpo_step_saves_a_loadable_checkpoint_with_lineage_and_chains(tiny, tmp
     out2, m2 = grpo_step(out1, ts, cfg, out=str(tmp_path / "ckpt-2"))
     lin2 = json.loads((Path(out2) / "lineage.json").read_text())
     assert lin2["parent"] == out1 and lin2["global_step"] == 2 and lin2["iteration"] == 2
-    from conductor.grpo.trainer import TrainError
+    from conductor.learning.grpo.trainer import TrainError
 
     with pytest.raises(TrainError, match="already exists"):
         grpo_step(out1, ts, cfg, out=str(tmp_path / "ckpt-2"))
@@ -223,7 +223,7 @@ def test_lora_step_saves_a_merged_checkpoint(tiny, tmp_path):
     pytest.importorskip("peft")
     from safetensors.torch import load_file
 
-    from conductor.grpo.trainer import grpo_step
+    from conductor.learning.grpo.trainer import grpo_step
 
     cfg = GRPOConfig.cpu(learning_rate=5e-3, total_iterations=2, lora_r=4, lora_alpha=8, warmup_ratio=0.0)
     out, m = grpo_step(str(tiny), rollout("r", "q", [1.0, 0.0]), cfg, out=str(tmp_path / "lora-1"))
@@ -234,7 +234,7 @@ def test_lora_step_saves_a_merged_checkpoint(tiny, tmp_path):
 
 
 def test_kl_against_the_reference_is_reported_when_beta_is_set(tiny):
-    from conductor.grpo.trainer import PolicyTrainer
+    from conductor.learning.grpo.trainer import PolicyTrainer
 
     tr = PolicyTrainer(str(tiny), GRPOConfig.cpu(learning_rate=1e-2, total_iterations=3, kl_beta=0.1, warmup_ratio=0.0))
     ts = rollout("r", "q", [1.0, 0.0])
@@ -245,13 +245,13 @@ def test_kl_against_the_reference_is_reported_when_beta_is_set(tiny):
 def _smollm2_checkpoint() -> Path | None:
     """SmolLM2-135M as a HF checkpoint, converted once from the embedded GGUF (cached under $CONDUCTOR_HOME/hf)."""
     try:
-        from conductor.embedded import installed
+        from conductor.local.embedded import installed
     except ImportError:
         return None
     gguf = installed().get("smollm2-135m-instruct")
     if gguf is None:
         return None
-    from conductor.grpo.checkpoint import ensure_hf_checkpoint
+    from conductor.learning.grpo.checkpoint import ensure_hf_checkpoint
 
     return ensure_hf_checkpoint(gguf)
 
@@ -260,10 +260,10 @@ def test_real_grpo_step_on_smollm2_135m(tmp_path):
     """A real GRPO step on SmolLM2-135M (transformers, CPU, fp32): weights change, loss finite, lineage written."""
     ckpt = _smollm2_checkpoint()
     if ckpt is None:
-        pytest.skip("SmolLM2-135M not installed: run `python -m conductor.embedded smollm2-135m-instruct`")
+        pytest.skip("SmolLM2-135M not installed: run `python -m conductor.local.embedded smollm2-135m-instruct`")
     from safetensors.torch import load_file
 
-    from conductor.grpo.trainer import grpo_step
+    from conductor.learning.grpo.trainer import grpo_step
 
     prompt = "Route this question to one of Model 0, Model 1. Question: what is 17*3?"
     comps = ["model_id = [0]\nsubtasks = [\"Solve it\"]\naccess_list = [[]]",
@@ -281,10 +281,10 @@ def test_real_grpo_step_on_smollm2_135m(tmp_path):
 
 
 def test_shared_prompt_forward_gives_the_same_logprobs_and_gradients(tiny):
-    from conductor.grpo.batching import encode, make_batch
-    from conductor.grpo.logprobs import completion_logprobs
-    from conductor.grpo.samples import Sample
-    from conductor.grpo.trainer import PolicyTrainer
+    from conductor.learning.grpo.batching import encode, make_batch
+    from conductor.learning.grpo.logprobs import completion_logprobs
+    from conductor.learning.grpo.samples import Sample
+    from conductor.learning.grpo.trainer import PolicyTrainer
 
     tr = PolicyTrainer(str(tiny), GRPOConfig.cpu(total_iterations=2))
     comps = ["model_id = [1]", "model_id = [0, 2]\nsubtasks = ['a', 'b']", "x"]
@@ -304,7 +304,7 @@ def test_shared_prompt_forward_gives_the_same_logprobs_and_gradients(tiny):
 
 
 def test_training_with_and_without_prompt_sharing_gives_the_same_update(tiny):
-    from conductor.grpo.trainer import PolicyTrainer
+    from conductor.learning.grpo.trainer import PolicyTrainer
 
     ts = rollout("r", "q1", [1.0, 0.0, 0.5, 1.0]) + rollout("r", "q2", [0.0, 1.0, 1.0], prompt="Route: other?")
     metrics, weights = [], []
@@ -321,7 +321,7 @@ def test_training_with_and_without_prompt_sharing_gives_the_same_update(tiny):
 
 
 def test_bf16_mixed_precision_keeps_fp32_weights_and_trains(tiny):
-    from conductor.grpo.trainer import PolicyTrainer
+    from conductor.learning.grpo.trainer import PolicyTrainer
 
     tr = PolicyTrainer(str(tiny), GRPOConfig.cpu(dtype="bf16-mixed", learning_rate=1e-3, total_iterations=2))
     w0 = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
@@ -334,7 +334,7 @@ def test_behaviour_logprobs_from_the_transformers_backend_match_the_trainer(tiny
     """Sample with the transformers policy backend from the very model being trained: the trainer's
     tokenisation and log-probs must reproduce the sampler's, i.e. the first ratio is 1 and the KL 0."""
     backend_mod = pytest.importorskip("conductor.policy.transformers_backend")
-    from conductor.grpo.trainer import PolicyTrainer
+    from conductor.learning.grpo.trainer import PolicyTrainer
     from conductor.policy.base import GenerationParams
 
     tr = PolicyTrainer(str(tiny), GRPOConfig.cpu(learning_rate=1e-3, total_iterations=2))

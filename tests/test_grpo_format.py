@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from conductor.grpo.checkpoint import formatted_base
-from conductor.grpo.format import DEFAULT_SUBTASKS, FORMAT_FILE, ConductorFormat, load_format, n_workers_in
+from conductor.learning.grpo.checkpoint import formatted_base
+from conductor.learning.grpo.format import DEFAULT_SUBTASKS, FORMAT_FILE, ConductorFormat, load_format, n_workers_in
 from conductor.parser import parse_workflow
 from conductor.policy.base import GenerationParams
 from conductor.workflow import Workflow
@@ -49,8 +49,8 @@ def _prompts() -> list[str]:
 
 
 def test_format_travels_with_the_checkpoint_and_governs_decoding(tiny, tmp_path):
-    from conductor.grpo.config import GRPOConfig
-    from conductor.grpo.trainer import grpo_step
+    from conductor.learning.grpo.config import GRPOConfig
+    from conductor.learning.grpo.trainer import grpo_step
     from conductor.policy.transformers_backend import TransformersBackend
 
     fmt = ConductorFormat(max_steps=2)
@@ -91,8 +91,8 @@ def test_nightly_with_a_format_trains_promotes_and_answer_uses_the_champion(tiny
     import sys
 
     from conductor.lake.reader import load_trajectories
-    from conductor.registry import Registry
-    from conductor.run_config import NightlyConfig
+    from conductor.learning.registry import Registry
+    from conductor.run.config import NightlyConfig
     from flows.nightly import nightly_flow
 
     monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

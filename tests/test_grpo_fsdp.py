@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conductor.grpo.config import GRPOConfig, GRPOConfigError
+from conductor.learning.grpo.config import GRPOConfig, GRPOConfigError
 from grpo_fixtures import rollout, tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,7 +22,7 @@ RTOL, ATOL, MAX_OUTLIERS, MAX_DIFF = 1e-4, 1e-6, 1e-3, 0.01 * LR
 
 
 def test_fsdp_config_choices_and_one_line_errors(tmp_path, monkeypatch):
-    from conductor.grpo.launch import processes_for, torchrun_command
+    from conductor.learning.grpo.launch import processes_for, torchrun_command
 
     assert GRPOConfig.paper().distributed == "fsdp" and GRPOConfig().distributed == "none"
     assert GRPOConfig.cpu().distributed == "none"
@@ -44,7 +44,7 @@ def test_fsdp_config_choices_and_one_line_errors(tmp_path, monkeypatch):
         torchrun_command(0, run_id="r", lake="l", base="b", out="o")
     # several processes but no sharding asked for: every rank would train and write alone -> refused up front
     pytest.importorskip("torch")
-    from conductor.grpo.trainer import PolicyTrainer, TrainError
+    from conductor.learning.grpo.trainer import PolicyTrainer, TrainError
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(TrainError, match=r"launched as 2 processes \(WORLD_SIZE\) but distributed is 'none'"):
@@ -89,9 +89,9 @@ def test_two_rank_fsdp_step_equals_the_single_process_step_and_chains(tmp_path):
         pytest.skip("torch.distributed with gloo is not available")
     from transformers import AutoTokenizer
 
-    from conductor.grpo.launch import torchrun_train_step
-    from conductor.grpo.trainer import grpo_step
     from conductor.lake import load_trajectories, write_shard
+    from conductor.learning.grpo.launch import torchrun_train_step
+    from conductor.learning.grpo.trainer import grpo_step
 
     base = tiny_checkpoint(tmp_path / "base")
     tok = AutoTokenizer.from_pretrained(base)

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from conductor.cache import ResponseCache
+from conductor.execution.cache import ResponseCache
 from conductor.grammar import workflow_grammar
 from conductor.parser import parse_workflow
 from conductor.policy.base import Generation, GenerationParams
 from conductor.policy.cached import CachedPolicy
-from conductor.pool import load_pool, parse_pool
 from conductor.prompts import INFORMED_REMINDER, conductor_prompt, resolve_fewshot, role_ordinals, select_fewshot
+from conductor.workers.pool import load_pool, parse_pool
 from conductor.workflow import Workflow
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,12 +131,13 @@ def test_cached_policy_reads_reproducible_generations_back(tmp_path):
 
 @needs_llama
 def test_reserved_embedded_server_starts_on_the_first_call_and_not_before(tmp_path):
-    from conductor.cache import ResponseCache
-    from conductor.embedded import EmbeddedError, model_path
-    from conductor.executor import Executor
-    from conductor.providers.base import Message
-    from conductor.servers import EmbeddedServers, ServerSettings, resolve_embedded
+    from conductor.execution.cache import ResponseCache
+    from conductor.execution.executor import Executor
+    from conductor.local.embedded import EmbeddedError, model_path
+    from conductor.local.process import ServerSettings
+    from conductor.local.servers import EmbeddedServers, resolve_embedded
     from conductor.trajectory import CallRecord
+    from conductor.workers.providers.base import Message
 
     try:
         model_path(SMOL)
@@ -177,7 +178,7 @@ def test_informed_examples_are_sentences_of_the_informed_grammar():
     """What the examples show is exactly what the grammar lets the conductor write (no plan, tools inside)."""
     import llama_cpp
 
-    from conductor.embedded import EmbeddedError, model_path
+    from conductor.local.embedded import EmbeddedError, model_path
 
     try:
         path = model_path(SMOL)

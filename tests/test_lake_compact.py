@@ -169,7 +169,7 @@ def test_cli_compacts_and_reports(tmp_path: Path) -> None:
 
 
 def test_answer_rerun_after_compaction_redoes_nothing(tmp_path: Path) -> None:
-    from conductor.run_config import AnswerConfig
+    from conductor.run.config import AnswerConfig
     from flows.answer import answer_flow
 
     rows = [{"id": f"q{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(7)]

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def smollm2() -> Path:
-    from conductor.embedded import installed
+    from conductor.local.embedded import installed
 
     path = installed().get("smollm2-135m-instruct")
     if path is None:
@@ -35,8 +35,8 @@ def _first_tensor(ckpt: Path):
 
 
 def test_one_iteration_rollout_train_evaluate_promote(tmp_path, smollm2):
-    from conductor.registry import Registry
-    from conductor.run_config import NightlyConfig
+    from conductor.learning.registry import Registry
+    from conductor.run.config import NightlyConfig
     from flows.nightly import nightly_flow
 
     work = tmp_path / "night"
@@ -55,7 +55,7 @@ def test_one_iteration_rollout_train_evaluate_promote(tmp_path, smollm2):
     lineage = json.loads((ckpt / "lineage.json").read_text())
     assert lineage["rollout_run"] == "nightly-t1-it0" and lineage["pool_id"] == "simulated-4@v1"
     assert lineage["parent"] == str(smollm2) and lineage["hyperparameters"]["learning_rate"] == 1e-4
-    from conductor.grpo.checkpoint import resolve_model
+    from conductor.learning.grpo.checkpoint import resolve_model
 
     base_dir, gguf = resolve_model(str(smollm2))
     from conductor.lake.reader import scan
@@ -86,7 +86,7 @@ def test_one_iteration_rollout_train_evaluate_promote(tmp_path, smollm2):
 
 
 def test_nightly_refuses_overlapping_train_and_eval(tmp_path):
-    from conductor.run_config import NightlyConfig
+    from conductor.run.config import NightlyConfig
     from flows.nightly import nightly_flow
 
     with pytest.raises(ValueError, match="overlap the training mix"):

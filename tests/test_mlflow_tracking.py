@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("mlflow")
 
-from conductor.grpo.config import GRPOConfig
+from conductor.learning.grpo.config import GRPOConfig
 from conductor.trajectory import CallRecord
 from grpo_fixtures import rollout, tiny_checkpoint
 
@@ -29,7 +29,7 @@ def _client(uri: str):
 
 
 def test_tracker_logs_flattened_metrics_to_a_file_store_and_resumes_without_duplicates(tmp_path):
-    from conductor.grpo.tracking import MetricsTracker
+    from conductor.learning.grpo.tracking import MetricsTracker
 
     uri = (tmp_path / "mlruns").as_uri()
     t = MetricsTracker(uri, "exp-a", run_name="night-1", tags={"pool": "local"})
@@ -62,7 +62,7 @@ def test_tracker_logs_flattened_metrics_to_a_file_store_and_resumes_without_dupl
 def test_tracker_on_a_sqlite_store(tmp_path):
     pytest.importorskip("sqlalchemy")
     pytest.importorskip("alembic")
-    from conductor.grpo.tracking import MetricsTracker
+    from conductor.learning.grpo.tracking import MetricsTracker
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     t = MetricsTracker(uri, "exp-b", run_name="r")
@@ -79,8 +79,8 @@ def _with_calls(ts: list, workers: list[str]) -> list:
 
 
 def test_trainer_logs_every_iteration_with_kl_to_the_start_and_entropy(tiny, tmp_path):
-    from conductor.grpo.tracking import MetricsTracker, plot_curves
-    from conductor.grpo.trainer import PolicyTrainer
+    from conductor.learning.grpo.tracking import MetricsTracker, plot_curves
+    from conductor.learning.grpo.trainer import PolicyTrainer
 
     uri = (tmp_path / "mlruns").as_uri()
     tracker = MetricsTracker(uri, "grpo", run_name="tiny")
@@ -103,7 +103,7 @@ def test_trainer_logs_every_iteration_with_kl_to_the_start_and_entropy(tiny, tmp
 
 
 def test_kl_is_measured_against_a_given_starting_checkpoint(tiny, tmp_path):
-    from conductor.grpo.trainer import PolicyTrainer, grpo_step
+    from conductor.learning.grpo.trainer import PolicyTrainer, grpo_step
 
     cfg = GRPOConfig.cpu(learning_rate=1e-2, total_iterations=3, warmup_ratio=0.0, track_kl=True)
     child, _ = grpo_step(str(tiny), rollout("r1", "q1", [1.0, 0.0]), cfg, out=str(tmp_path / "it1"))

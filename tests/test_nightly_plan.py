@@ -1,4 +1,4 @@
-"""The nightly run's decisions as plain functions (conductor/nightly.py), on a real file registry, the real
+"""The nightly run's decisions as plain functions (conductor/learning/nightly.py), on a real file registry, the real
 simulated pool manifest and a real lake; no Prefect, no model."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conductor.nightly import (
+from conductor.learning.nightly import (
     baseline_rollouts,
     budget_stop,
     ensure_champion,
@@ -22,9 +22,9 @@ from conductor.nightly import (
     retrain_reason,
     tracking_settings,
 )
-from conductor.pool import load_pool
-from conductor.registry import Registry
-from conductor.run_config import NightlyConfig
+from conductor.learning.registry import Registry
+from conductor.run.config import NightlyConfig
+from conductor.workers.pool import load_pool
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_POOL = str(ROOT / "data/pools/simulated.yaml")

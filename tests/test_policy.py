@@ -1,6 +1,6 @@
 """Conductor policy backends on the smallest real model (SmolLM2-135M GGUF).
 
-Needs the model installed (`python -m conductor.embedded smollm2-135m-instruct`);
+Needs the model installed (`python -m conductor.local.embedded smollm2-135m-instruct`);
 the llama.cpp tests also need llama-cpp-python. Generation lengths are kept short.
 """
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conductor import embedded
+from conductor.local import embedded
 from conductor.policy import GenerationParams, PolicySpecError, make_policy, parse_spec
 
 SMOL = "smollm2-135m-instruct"
@@ -197,7 +197,8 @@ def test_llamacpp_and_transformers_agree_on_the_greedy_first_tokens(cpp_backend,
 
 @needs_llama
 def test_openai_backend_against_a_local_llamacpp_server(tmp_path):
-    from conductor.servers import LlamaServer, ServerSettings
+    from conductor.local.process import ServerSettings
+    from conductor.local.servers import LlamaServer
 
     with LlamaServer(smol_path(), alias=SMOL, settings=ServerSettings(n_ctx=2048), log_path=tmp_path / "s.log") as srv:
         backend = make_policy(f"openai:{SMOL}@{srv.url}", concurrency=2)
@@ -216,8 +217,8 @@ def test_openai_backend_against_a_local_llamacpp_server(tmp_path):
 @needs_llama
 def test_embedded_default_conductor_writes_a_parseable_workflow():
     from conductor.parser import ParseError, parse_workflow
-    from conductor.pool import load_pool
     from conductor.prompts import conductor_prompt
+    from conductor.workers.pool import load_pool
     from conductor.workflow import Workflow
 
     try:

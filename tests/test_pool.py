@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conductor.pool import Pool, PoolError, Worker, load_pool, parse_pool
+from conductor.workers.pool import Pool, PoolError, Worker, load_pool, parse_pool
 
 ROOT = Path(__file__).resolve().parent.parent
 POOLS = sorted((ROOT / "data" / "pools").glob("*.yaml"))

@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conductor.parser import parse_workflow
-from conductor.pool import load_pool
 from conductor.prompts import conductor_prompt, load_fewshot, recursion_prompt, select_fewshot, worker_messages
+from conductor.workers.pool import load_pool
 from conductor.workflow import ALL, Step, Workflow
 
 ROOT = Path(__file__).resolve().parent.parent

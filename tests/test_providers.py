@@ -7,11 +7,11 @@ import os
 
 import pytest
 
-from conductor.emulator import Emulator
 from conductor.policy.base import Generation, GenerationParams
-from conductor.pool import Worker
-from conductor.providers.base import Message, ProviderError, make_provider
-from conductor.providers.conductor import bind_conductor, unbind_conductor
+from conductor.workers.emulator import Emulator
+from conductor.workers.pool import Worker
+from conductor.workers.providers.base import Message, ProviderError, make_provider
+from conductor.workers.providers.conductor import bind_conductor, unbind_conductor
 from tests.fixtures_emulator import FAKE_KEYS, emu, emulator, worker  # noqa: F401
 
 PROVIDERS = ["openai", "anthropic", "google", "openai_compatible", "local"]

@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conductor.cache import ResponseCache
-from conductor.executor import Executor
-from conductor.pool import PoolError, parse_pool
+from conductor.execution.cache import ResponseCache
+from conductor.execution.executor import Executor
 from conductor.prompts import worker_messages
-from conductor.providers.python_tool import NO_CODE, code_in, find_code, print_last_expression
+from conductor.workers.pool import PoolError, parse_pool
+from conductor.workers.providers.python_tool import NO_CODE, code_in, find_code, print_last_expression
 from conductor.workflow import ALL, Step, Workflow
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -208,12 +208,12 @@ def test_sandbox_limits_are_validated_with_the_line():
 
 
 def test_shipped_pools_hold_a_python_worker_without_moving_the_others():
-    from conductor.pool import load_pool
+    from conductor.workers.pool import load_pool
 
     local = load_pool(ROOT / "data/pools/local.yaml")
     assert local.workers[0].name == "qwen2.5-coder-1.5b"             # fixed:0 stays the 1.5B
     assert local.workers[-1].provider == "python" and local.workers[-1].notes
-    from conductor.servers import embedded_models
+    from conductor.local.servers import embedded_models
     assert "python" not in " ".join(embedded_models(local))          # no server is started for it
     text = (ROOT / "data/pools/paper.yaml").read_text()         # the paper's 7 workers, python commented out
     block = text[text.index("#  - name: python"):]
@@ -222,7 +222,7 @@ def test_shipped_pools_hold_a_python_worker_without_moving_the_others():
 
 
 def test_answer_flow_with_a_python_worker_records_free_calls(tmp_path):
-    from conductor.run_config import AnswerConfig
+    from conductor.run.config import AnswerConfig
     from flows.answer import answer_flow
 
     pool = tmp_path / "pool.yaml"

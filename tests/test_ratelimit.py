@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conductor.emulator import Emulator
-from conductor.executor import Executor
-from conductor.pool import Limits, Pool
-from conductor.providers.base import ProviderError
-from conductor.ratelimit import Bucket, KeyLimiter, RateLimiter
-from conductor.recursion import run_batch
-from conductor.retry import RetryPolicy
+from conductor.execution.executor import Executor
+from conductor.execution.ratelimit import Bucket, KeyLimiter, RateLimiter
+from conductor.execution.recursion import run_batch
+from conductor.execution.retry import RetryPolicy
+from conductor.workers.emulator import Emulator
+from conductor.workers.pool import Limits, Pool
+from conductor.workers.providers.base import ProviderError
 from tests.fixtures_emulator import emu, emulator, lists, make_traj, worker  # noqa: F401
 
 

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from conductor.emulator import Emulator
-from conductor.executor import Executor
-from conductor.pool import Pool, PoolError, load_pool
-from conductor.providers.base import Message, ProviderError
-from conductor.ratelimit import RateLimiter
-from conductor.retry import RetryPolicy
+from conductor.execution.executor import Executor
+from conductor.execution.ratelimit import RateLimiter
+from conductor.execution.retry import RetryPolicy
 from conductor.trajectory import CallRecord
+from conductor.workers.emulator import Emulator
+from conductor.workers.pool import Pool, PoolError, load_pool
+from conductor.workers.providers.base import Message, ProviderError
 from tests.fixtures_emulator import emu, emulator, worker  # noqa: F401
 
 MANIFEST = """pool_id: p
@@ -77,7 +77,7 @@ def test_retry_after_of_an_hour_is_capped_and_logged(emu: Emulator, caplog: pyte
         await ex.aclose()
         return first, second
 
-    with caplog.at_level(logging.INFO, logger="conductor.ratelimit"):
+    with caplog.at_level(logging.INFO, logger="conductor.execution.ratelimit"):
         first, second = asyncio.run(main())
     assert first.error is None and first.retries == 1 and second.error is None
     assert emu.stats()["openai:429"] == 1 and emu.stats()["openai:ok"] == 2

@@ -17,24 +17,24 @@ from pathlib import Path
 
 import pytest
 
-from conductor.emulator import Emulator
-from conductor.executor import Executor
-from conductor.pool import Limits, Pool
-from conductor.ratelimit import RateLimiter
-from conductor.recursion import run_batch
-from conductor.shared_limits import Lease, SQLiteLimits, open_shared
+from conductor.execution.executor import Executor
+from conductor.execution.ratelimit import RateLimiter
+from conductor.execution.recursion import run_batch
+from conductor.execution.shared_limits import Lease, SQLiteLimits, open_shared
+from conductor.workers.emulator import Emulator
+from conductor.workers.pool import Limits, Pool
 from tests.fixtures_emulator import emu, emulator, lists, make_traj, worker  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 
 CALLS_CHILD = textwrap.dedent('''
     import asyncio, json, os, sys, time
-    from conductor.executor import Executor
-    from conductor.pool import Worker
-    from conductor.providers.base import Message
-    from conductor.ratelimit import RateLimiter
-    from conductor.shared_limits import open_shared
+    from conductor.execution.executor import Executor
+    from conductor.execution.ratelimit import RateLimiter
+    from conductor.execution.shared_limits import open_shared
     from conductor.trajectory import CallRecord
+    from conductor.workers.pool import Worker
+    from conductor.workers.providers.base import Message
 
     cfg = json.loads(sys.argv[1])
     w = Worker.model_validate(cfg["worker"])
@@ -58,8 +58,8 @@ CALLS_CHILD = textwrap.dedent('''
 
 TOKENS_CHILD = textwrap.dedent('''
     import asyncio, json, os, sys
-    from conductor.pool import Limits
-    from conductor.shared_limits import SQLiteLimits
+    from conductor.execution.shared_limits import SQLiteLimits
+    from conductor.workers.pool import Limits
 
     cfg = json.loads(sys.argv[1])
     key = SQLiteLimits(cfg["path"]).key("k", Limits(**cfg["limits"]), 1.0)
@@ -182,8 +182,8 @@ def test_concurrency_cap_is_shared_and_a_killed_holder_frees_its_slots(emu: Emul
 
     holder = textwrap.dedent(f'''
         import asyncio, os, signal
-        from conductor.pool import Limits
-        from conductor.shared_limits import SQLiteLimits
+        from conductor.execution.shared_limits import SQLiteLimits
+        from conductor.workers.pool import Limits
         key = SQLiteLimits({str(tmp_path / "limits.sqlite")!r}).key("k", Limits(max_concurrency=2, timeout_s=600), 1.0)
         async def main():
             await key.acquire(0, None)
@@ -215,7 +215,7 @@ def test_open_shared_specs(tmp_path: Path) -> None:
 def test_prefect_global_limits_hold_rpm_and_concurrency(emu: Emulator) -> None:
     """Real Prefect (ephemeral server): rate_limit with slot decay keeps under the provider's RPM, and the
     slots limit caps calls in flight."""
-    from conductor.shared_limits import PrefectLimits
+    from conductor.execution.shared_limits import PrefectLimits
 
     emu.configure(rpm=600, rpm_burst_s=2.0, latency_s=0.05)
     pool = Pool(pool_id="pf", workers=(worker(emu, "w", "openai", limits={"requests_per_minute": 600,
@@ -231,8 +231,8 @@ def test_prefect_global_limits_hold_rpm_and_concurrency(emu: Emulator) -> None:
 
 
 def test_live_executor_uses_the_runs_store(tmp_path: Path) -> None:
-    from conductor.pool import load_pool
-    from conductor.runtime import Live
+    from conductor.run.runtime import Live
+    from conductor.workers.pool import load_pool
 
     live = Live(pool=load_pool(ROOT / "data/pools/simulated.yaml"), manifest=load_pool(ROOT / "data/pools/simulated.yaml"),
                 policy=None, checkpoint_id="x")  # type: ignore[arg-type]
@@ -248,7 +248,7 @@ def test_rollout_fanned_out_on_dask_shares_one_limit(emu: Emulator, tmp_path: Pa
     default store (limits.sqlite next to the cache) to both, and the provider sends no 429. (Slow: a Dask
     LocalCluster and Prefect's temporary server; 5 min on the loaded 2-core box. The same run with
     ``limits="local"`` got 429s from the emulator: 2 of 32 calls, run once by hand.)"""
-    from conductor.run_config import RolloutConfig
+    from conductor.run.config import RolloutConfig
     from flows.rollout import on_dask, rollout_flow
 
     emu.configure(rpm=300, rpm_burst_s=2.0, latency_s=0.05)     # 5/s, 10 requests of burst

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conductor.evaluation import EvalRow, compare
-from conductor.registry import CHALLENGER, CHAMPION, PromotionPolicy, Registry, RegistryError, decide
+from conductor.learning.evaluation import EvalRow, compare
+from conductor.learning.registry import CHALLENGER, CHAMPION, PromotionPolicy, Registry, RegistryError, decide
 
 
 def rows(acc: dict[str, float], seed: int, n_q: int = 120, repeats: int = 2) -> list[EvalRow]:
@@ -161,8 +161,8 @@ def test_registry_on_s3(s3):
 
 def test_checkpoint_saved_to_s3_and_trained_from_it(s3, tmp_path):
     pytest.importorskip("trl")
-    from conductor.grpo.config import GRPOConfig
-    from conductor.grpo.trainer import grpo_step
+    from conductor.learning.grpo.config import GRPOConfig
+    from conductor.learning.grpo.trainer import grpo_step
     from grpo_fixtures import rollout, tiny_checkpoint
 
     os.environ["CONDUCTOR_HOME"] = str(tmp_path / "home")

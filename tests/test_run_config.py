@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conductor.run_config import AnswerConfig, ConfigError, NightlyConfig, RolloutConfig
+from conductor.run.config import AnswerConfig, ConfigError, NightlyConfig, RolloutConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_POOL = str(ROOT / "data/pools/simulated.yaml")
@@ -69,7 +69,7 @@ def test_a_bad_given_value_names_its_flag():
 
 
 def test_the_settings_key_hashes_what_defines_the_run_and_only_that():
-    from conductor.pool import load_pool
+    from conductor.workers.pool import load_pool
 
     pool = load_pool(SIM_POOL)
     base = AnswerConfig(questions="q", out="a", temperature=0.0, fewshot="ood", constrained=False)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from conductor.pool import Worker, load_pool
-from conductor.providers.base import Message, ProviderError, make_provider
-from conductor.providers.simulated import (
+from conductor.workers.pool import Worker, load_pool
+from conductor.workers.providers.base import Message, ProviderError, make_provider
+from conductor.workers.providers.simulated import (
     GoldRecord,
     SimulatedProvider,
     clear_gold,
@@ -137,7 +137,7 @@ def test_gold_side_file_and_question_records(tmp_path):
     p = make_provider(worker({"math": 1.0}, gold_path=str(path)))
     assert "<answer>2</answer>" in ask(p, "What is 1+1?")
 
-    from conductor.questions import Question
+    from conductor.data.questions import Question
 
     n = register_questions([Question(id="t/0", dataset="t", domain="mcq", prompt="Best? A) 1 B) 2", gold="A",
                                      metadata={"choices": ["1", "2"]})])
@@ -172,7 +172,7 @@ def test_latency_option_is_applied():
 def test_wrong_answer_for_code_is_code():
     import random
 
-    from conductor.providers.simulated import format_answer, wrong_answer
+    from conductor.workers.providers.simulated import format_answer, wrong_answer
 
     rec = GoldRecord("def f(x):\n    return x + 1\n", "code")
     text = format_answer(wrong_answer(rec, random.Random(0)), rec)

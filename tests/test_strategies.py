@@ -26,8 +26,8 @@ from conductor.policy.strategies import (
     make_strategy,
     strategy_pool,
 )
-from conductor.pool import load_pool
-from conductor.providers.vote import answer_key, majority
+from conductor.workers.pool import load_pool
+from conductor.workers.providers.vote import answer_key, majority
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_POOL = str(ROOT / "data/pools/simulated.yaml")
@@ -43,7 +43,7 @@ def questions_file(tmp_path):
 
 
 def answer(questions, out, spec, max_steps=5, pool=SIM_POOL, cache=None):
-    from conductor.run_config import AnswerConfig
+    from conductor.run.config import AnswerConfig
     from flows.answer import answer_flow
 
     return answer_flow(AnswerConfig(questions=str(questions), out=str(out), pool=pool, conductor=spec, max_steps=max_steps,
@@ -176,7 +176,7 @@ def test_answer_cli_refuses_an_unusable_strategy_before_starting(tmp_path, quest
 
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python not installed")
 def test_self_consistency_over_smollm2_through_the_real_server(tmp_path, questions_file):
-    from conductor import embedded
+    from conductor.local import embedded
 
     try:
         embedded.model_path("smollm2-135m-instruct")

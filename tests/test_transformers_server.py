@@ -1,6 +1,6 @@
 """The transformers fallback for the embedded servers: a real ``transformers serve`` subprocess on SmolLM2-135M.
 
-Needs the model installed (`python -m conductor.embedded smollm2-135m-instruct`); its float checkpoint is
+Needs the model installed (`python -m conductor.local.embedded smollm2-135m-instruct`); its float checkpoint is
 converted once into $CONDUCTOR_HOME/hf by the transformers backend (first run only, ~1 min).
 """
 
@@ -13,9 +13,10 @@ import socket
 
 import pytest
 
-from conductor.pool import parse_pool
-from conductor.servers import EmbeddedServers, ServerError, ServerSettings, resolve_embedded
-from conductor.transformers_server import TransformersServer, serving_dir
+from conductor.local.process import ServerError, ServerSettings
+from conductor.local.servers import EmbeddedServers, resolve_embedded
+from conductor.local.transformers_server import TransformersServer, serving_dir
+from conductor.workers.pool import parse_pool
 from test_embedded import SMOL, smol_path
 
 needs_serve = pytest.mark.skipif(
@@ -36,7 +37,7 @@ def _run(pool, executor, workflow):
 
 @needs_serve
 def test_the_embedded_pool_runs_on_the_transformers_server_through_the_executor(monkeypatch):
-    from conductor.executor import Executor
+    from conductor.execution.executor import Executor
     from conductor.workflow import Workflow
 
     smol_path()

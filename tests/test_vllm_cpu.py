@@ -20,11 +20,11 @@ VLLM_PYTHON = Path(os.environ.get("CONDUCTOR_VLLM_PYTHON", "/opt/conductor-vllm-
 
 SCRIPT = r"""
 import json, math, sys
+from conductor.parser import parse_workflow
 from conductor.policy.base import GenerationParams
 from conductor.policy.vllm_backend import VLLMBackend
-from conductor.pool import load_pool
 from conductor.prompts import conductor_prompt
-from conductor.parser import parse_workflow
+from conductor.workers.pool import load_pool
 
 pool = load_pool("data/pools/simulated.yaml")
 prompts = [conductor_prompt(q, pool.full(), fewshot="ood:1") for q in ("What is 17 * 23?", "Is 221 prime?")]
@@ -47,7 +47,7 @@ b.close()
 def test_vllm_offline_batch_on_cpu():
     if not VLLM_PYTHON.is_file():
         pytest.skip(f"{VLLM_PYTHON} missing: run infra/vllm_cpu_venv.sh (or set CONDUCTOR_VLLM_PYTHON)")
-    from conductor import embedded
+    from conductor.local import embedded
     from conductor.policy.transformers_backend import converted_dir
 
     try:

@@ -8,7 +8,7 @@ import typer
 
 from conductor.cli import app, fail
 from conductor.cli.run_options import CONFIG_HELP, build_config, default
-from conductor.run_config import AnswerConfig
+from conductor.run.config import AnswerConfig
 
 A = AnswerConfig
 
@@ -60,7 +60,7 @@ def answer_cmd(
 
     Exit codes: 0 every question answered, 2 bad input (nothing started), 3 every question failed on
     infrastructure, 4 some did (a rerun retries exactly those), 1 anything else."""
-    from conductor.preflight import UsageError, prepare_answer
+    from conductor.run.preflight import UsageError, prepare_answer
 
     cfg = build_config(AnswerConfig, ctx, config, {
         "questions": questions, "out": out, "pool": pool, "conductor": conductor, "samples": samples,
@@ -74,13 +74,13 @@ def answer_cmd(
     except UsageError as e:
         fail(str(e))
     try:
-        from conductor.shared_limits import open_shared
+        from conductor.execution.shared_limits import open_shared
 
         open_shared(cfg.limits)
     except ValueError as e:
         fail(f"--limits: {e}")
     from conductor.cli.boundary import flow_errors
-    from conductor.summary import format_summary, run_outcome
+    from conductor.run.summary import format_summary, run_outcome
     from flows.answer import answer_flow
 
     with flow_errors():

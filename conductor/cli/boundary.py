@@ -1,9 +1,9 @@
 """The CLI boundary around a flow: whatever a flow raises reaches the terminal as one ``error:`` line.
 
-Inputs are checked before Prefect starts (conductor/preflight.py), but a flow can still meet a mistake
+Inputs are checked before Prefect starts (conductor/run/preflight.py), but a flow can still meet a mistake
 only it can see, or a failing endpoint. Exit codes (docs/operations.md): 2 bad input, 3 infrastructure,
 1 anything else, 130 interrupted. ``CONDUCTOR_DEBUG=1`` lets the traceback through. A watcher process
-(conductor/watchdog.py) stops the servers the flow started if the command is killed outright.
+(conductor/local/watchdog.py) stops the servers the flow started if the command is killed outright.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ def _console_handlers() -> list[logging.Handler]:
 @contextlib.contextmanager
 def flow_errors() -> Iterator[None]:
     """Run a flow call; turn the project's errors into one line with the documented exit code."""
+    from conductor.local.watchdog import watch_children
     from conductor.policy.openai_backend import EndpointError
-    from conductor.preflight import first_line
-    from conductor.secrets import redact_prefect_logs
-    from conductor.watchdog import watch_children
+    from conductor.run.preflight import first_line
+    from conductor.workers.secrets import redact_prefect_logs
 
     watch_children()   # a `kill -9` of this command must not leave Prefect's server (or model servers) running
     debug = os.environ.get("CONDUCTOR_DEBUG") == "1"

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from conductor.cli import app, fail
-from conductor.run_config import DEFAULT_POOL
+from conductor.run.config import DEFAULT_POOL
 
 DEFAULT_STRATEGIES = "conductor,fixed:*,random"
 
@@ -31,8 +31,8 @@ def _slug(label: str) -> str:
 
 def _labelled(runs: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """Label runs by their strategy; the first run of a model conductor is "conductor"; repeats get #2, #3."""
-    from conductor.compare import CONDUCTOR
     from conductor.policy.strategies import is_strategy
+    from conductor.run.compare import CONDUCTOR
 
     out: list[tuple[str, str]] = []
     seen: dict[str, int] = {}
@@ -45,7 +45,7 @@ def _labelled(runs: list[tuple[str, str]]) -> list[tuple[str, str]]:
 
 def _read_runs(lake: str, runs: str | None) -> list[tuple[str, str]]:
     """(label, run id) from ``--runs`` (LABEL=RUN_ID or RUN_ID, comma-separated), else every answer run."""
-    from conductor.compare import answer_runs
+    from conductor.run.compare import answer_runs
 
     known = answer_runs(lake)
     if not runs:
@@ -97,10 +97,10 @@ def compare_cmd(
 ) -> None:
     """Run (or read) every strategy through the same answer pipeline and print accuracy ± s.e. per dataset and on
     average, calls/tokens/dollars/seconds per question, and the conductor vs the best single worker (paired)."""
-    from conductor.compare import CONDUCTOR, CompareError, compare_runs, split_strategies, write_outputs
-    from conductor.datasets import DatasetError
-    from conductor.pool import PoolError, load_pool
-    from conductor.questionset import load_questions
+    from conductor.data.datasets import DatasetError
+    from conductor.data.questionset import load_questions
+    from conductor.run.compare import CONDUCTOR, CompareError, compare_runs, split_strategies, write_outputs
+    from conductor.workers.pool import PoolError, load_pool
 
     lake = lake or str(out / "lake")
     try:
@@ -129,8 +129,8 @@ def compare_cmd(
 
 def _plan(strategies: list[str], conductor: str, manifest: object, max_steps: int) -> list[tuple[str, str, int]]:
     """(label, policy spec, max steps) per strategy, every spec checked before anything runs."""
-    from conductor.compare import CONDUCTOR
     from conductor.policy.strategies import check_strategy, is_strategy, steps_needed
+    from conductor.run.compare import CONDUCTOR
 
     if not strategies:
         raise ValueError("--strategies: no strategy given")
@@ -150,7 +150,7 @@ def _plan(strategies: list[str], conductor: str, manifest: object, max_steps: in
 def _run_all(plan: list[tuple[str, str, int]], questions: str, out: Path, lake: str, pool: Path,
              **kw: object) -> list[tuple[str, str]]:
     """Each strategy as one ordinary answer run in the shared lake (reruns resume)."""
-    from conductor.run_config import AnswerConfig
+    from conductor.run.config import AnswerConfig
     from flows.answer import answer_flow
 
     labelled = []

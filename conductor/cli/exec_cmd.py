@@ -17,7 +17,7 @@ def emulator(port: int = typer.Option(8765, help="Port on 127.0.0.1."),
              rpm: float = typer.Option(None, help="Enforce this requests/min per model (429 beyond it)."),
              config: Path = typer.Option(None, help="JSON file of emulator settings (faults, scripted replies).")) -> None:
     """Serve the OpenAI / Anthropic / Gemini provider emulator on 127.0.0.1 (for tests, benches, dry runs)."""
-    from conductor.emulator import main
+    from conductor.workers.emulator import main
 
     if config is not None and not config.is_file():
         fail(f"{config}: no such emulator config file")
@@ -30,9 +30,9 @@ def emulator(port: int = typer.Option(8765, help="Port on 127.0.0.1."),
 @app.command("preflight")
 def preflight(pool_file: Path = typer.Argument(..., help="Pool manifest (YAML).")) -> None:
     """Check every worker can be called: API key variables set (names only), providers installed, limits possible."""
-    from conductor.pool import PoolError, load_pool
-    from conductor.providers.base import ProviderError, make_provider
-    from conductor.ratelimit import limit_problems
+    from conductor.execution.ratelimit import limit_problems
+    from conductor.workers.pool import PoolError, load_pool
+    from conductor.workers.providers.base import ProviderError, make_provider
 
     try:
         pool = load_pool(pool_file)

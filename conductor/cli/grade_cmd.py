@@ -65,7 +65,7 @@ def grade_cmd(
     from concurrent.futures import ThreadPoolExecutor
 
     from conductor.grading.code import CodeGrader
-    from conductor.sandbox import Limits
+    from conductor.grading.sandbox import Limits
 
     if workers < 0:
         fail(f"--workers must be 0 (one per core) or more, got {workers}")

@@ -9,7 +9,7 @@ import typer
 
 from conductor.cli import app, fail
 from conductor.cli.run_options import CONFIG_HELP, build_config, default
-from conductor.run_config import NightlyConfig, RolloutConfig
+from conductor.run.config import NightlyConfig, RolloutConfig
 
 R, N = RolloutConfig, NightlyConfig
 
@@ -17,7 +17,7 @@ R, N = RolloutConfig, NightlyConfig
 def _check(pool: Path, conductors: dict[str, str] | None = None, run_id: str | None = None,
            k: int | None = None, questions: str | None = None, limit: int | None = None) -> None:
     """The checks `conductor answer` makes, before Prefect starts: one `error:` line, exit 2."""
-    from conductor.preflight import UsageError, check_conductor, check_k, check_pool, check_questions, check_run_id
+    from conductor.run.preflight import UsageError, check_conductor, check_k, check_pool, check_questions, check_run_id
 
     try:
         if run_id is not None:
@@ -84,7 +84,7 @@ def evaluate_cmd(
 ) -> None:
     """Candidate vs champion on the same questions, pool and seeds; paired statistics per domain."""
     from conductor.cli.boundary import flow_errors
-    from conductor.evaluation import EvalReport
+    from conductor.learning.evaluation import EvalReport
     from flows.evaluate import evaluate_flow
 
     _check(pool, {"--candidate": candidate, "--champion": champion}, questions=questions, limit=limit)
@@ -123,8 +123,8 @@ def nightly_cmd(
 ) -> None:
     """Retrain when the pool changed: rollouts -> GRPO x N, evaluate, promote if significantly better, report."""
     from conductor.cli.boundary import flow_errors
-    from conductor.datasets import DatasetError
-    from conductor.questionset import check_disjoint, load_questions
+    from conductor.data.datasets import DatasetError
+    from conductor.data.questionset import check_disjoint, load_questions
     from flows.nightly import nightly_flow
 
     try:

@@ -14,8 +14,8 @@ app.add_typer(models_app, name="models")
 def install(names: list[str] = typer.Argument(None, help="Model names (default: all embedded models)."),
             verify: bool = typer.Option(False, "--verify", help="Re-hash installed files instead of trusting their stamp.")) -> None:
     """Download, join, verify and place the embedded models; print 'name<TAB>path' per model."""
-    from conductor.embedded import MODELS, EmbeddedError, ensure_models
-    from conductor.embedded import verify as verify_file
+    from conductor.local.embedded import MODELS, EmbeddedError, ensure_models
+    from conductor.local.embedded import verify as verify_file
 
     try:
         paths = ensure_models(which=names or None)
@@ -30,7 +30,7 @@ def install(names: list[str] = typer.Argument(None, help="Model names (default: 
 @models_app.command("list")
 def list_models() -> None:
     """Every embedded model with its size, licence, provenance and whether it is installed."""
-    from conductor.embedded import MODELS, installed
+    from conductor.local.embedded import MODELS, installed
 
     have = installed()
     for spec in MODELS.values():

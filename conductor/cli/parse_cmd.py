@@ -21,7 +21,7 @@ def parse_cmd(
 ) -> None:
     """Parse a conductor output into {"steps": [{"worker", "subtask", "access"}]}; exit 2 with 'error:' if malformed."""
     from conductor.parser import ParseError, parse_workflow, render_json
-    from conductor.pool import PoolError, load_pool
+    from conductor.workers.pool import PoolError, load_pool
 
     try:
         text = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")

@@ -14,7 +14,7 @@ app.add_typer(pool_app, name="pool")
 
 
 def _load(file: Path):
-    from conductor.preflight import UsageError, check_pool
+    from conductor.run.preflight import UsageError, check_pool
 
     try:
         return check_pool(file)   # the manifest, and each provider's own options (simulated skills, ...)
@@ -44,7 +44,7 @@ def sample(
     shuffle: bool = typer.Option(False, "--shuffle", help="Random order instead of manifest order."),
 ) -> None:
     """Draw a random k-of-n sub-pool; print the ordinal -> worker mapping as JSON."""
-    from conductor.pool import PoolError
+    from conductor.workers.pool import PoolError
 
     p = _load(file)
     try:

@@ -22,8 +22,8 @@ def prompt_cmd(
     max_steps: int = typer.Option(5, "--max-steps", min=1),
 ) -> None:
     """Print the exact prompt the conductor model would receive."""
-    from conductor.pool import PoolError, load_pool
     from conductor.prompts import conductor_prompt
+    from conductor.workers.pool import PoolError, load_pool
 
     try:
         p = load_pool(pool)

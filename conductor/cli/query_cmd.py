@@ -85,7 +85,7 @@ def report(lake: str = _LAKE,
 
     from conductor.lake.report import render_report
     from conductor.lake.schema import LakeSchemaError
-    from conductor.preflight import UsageError, check_writable_dir
+    from conductor.run.preflight import UsageError, check_writable_dir
 
     try:
         check_writable_dir(Path(out), "--out")

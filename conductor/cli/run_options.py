@@ -1,5 +1,5 @@
 """A run configuration from a command's options and ``--config FILE``: the options typed on the command line
-override the file, the file overrides the configuration's defaults (conductor/run_config.py)."""
+override the file, the file overrides the configuration's defaults (conductor/run/config.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import typer
 
 from conductor.cli import fail
-from conductor.run_config import ConfigError, RunConfig
+from conductor.run.config import ConfigError, RunConfig
 
 C = TypeVar("C", bound=RunConfig)
 

@@ -20,7 +20,7 @@ REGISTRY_HELP = "Registry root (local dir or s3://...) or mlflow+<tracking-uri>#
 
 def _registry(root: str | None, create: bool = False):
     """The registry at ``root``; only ``register`` may create one (a typo must not become an empty registry)."""
-    from conductor.registry import Registry, RegistryError
+    from conductor.learning.registry import Registry, RegistryError
 
     root = root or os.environ.get("CONDUCTOR_REGISTRY")
     if not root:
@@ -45,7 +45,7 @@ def _registry(root: str | None, create: bool = False):
 
 def _fail(message: str) -> typer.Exit:
     """``fail`` on rank 0 only: under ``torchrun`` every rank meets the same error, one line is enough."""
-    from conductor.grpo.distributed import world
+    from conductor.learning.grpo.distributed import world
 
     if world().is_main:
         fail(message)
@@ -53,7 +53,7 @@ def _fail(message: str) -> typer.Exit:
 
 
 def _grpo_config(config: Path | None, preset: str | None, overrides: str | None):
-    from conductor.grpo.config import GRPOConfig, GRPOConfigError
+    from conductor.learning.grpo.config import GRPOConfig, GRPOConfigError
 
     try:
         if config is not None:
@@ -94,8 +94,8 @@ def train_step(
     config that says ``distributed: fsdp`` (the paper preset does); only rank 0 writes, registers and prints.
     """
     cfg = _grpo_config(config, preset, set_)
-    from conductor.grpo import distributed
     from conductor.lake import load_trajectories
+    from conductor.learning.grpo import distributed
 
     try:
         trajectories = load_trajectories(lake, run)
@@ -103,7 +103,7 @@ def train_step(
         _fail(f"lake {lake}: {e}")
     if not trajectories:
         _fail(f"lake {lake}: no rollout trajectories for run {run!r}")
-    from conductor.grpo.trainer import TrainError, grpo_step
+    from conductor.learning.grpo.trainer import TrainError, grpo_step
 
     try:
         path, metrics = grpo_step(from_, trajectories, cfg, out=out, checkpoint_id=checkpoint_id)
@@ -133,8 +133,8 @@ def eval_compare(
     """Paired comparison of two evaluation runs: mean ± s.e. per domain, bootstrap and McNemar, calls and $."""
     if metric not in ("correct", "reward"):
         fail(f"--metric: must be correct or reward, not {metric!r}")
-    from conductor.evaluation import compare
     from conductor.lake import load_trajectories
+    from conductor.learning.evaluation import compare
 
     try:
         cand = load_trajectories(lake, candidate_run, kind="eval")
@@ -184,7 +184,7 @@ def registry_register(
     registry: str = typer.Option(None, "--registry", help=REGISTRY_HELP),
 ) -> None:
     """Add a checkpoint to the registry."""
-    from conductor.registry import RegistryError
+    from conductor.learning.registry import RegistryError
 
     try:
         e = _registry(registry, create=True).register(uri, checkpoint_id=checkpoint_id)
@@ -205,8 +205,8 @@ def registry_promote(
     registry: str = typer.Option(None, "--registry", help=REGISTRY_HELP),
 ) -> None:
     """Promote if significantly better with no domain regression; else record as challenger. Exit 1 if not promoted."""
-    from conductor.evaluation import EvalReport
-    from conductor.registry import PromotionPolicy, RegistryError
+    from conductor.learning.evaluation import EvalReport
+    from conductor.learning.registry import PromotionPolicy, RegistryError
 
     if test not in ("bootstrap", "mcnemar", "both"):
         fail(f"--test: must be bootstrap, mcnemar or both, not {test!r}")
@@ -237,7 +237,7 @@ def registry_rollback(
     registry: str = typer.Option(None, "--registry", help=REGISTRY_HELP),
 ) -> None:
     """Point the champion back at the previous champion."""
-    from conductor.registry import RegistryError
+    from conductor.learning.registry import RegistryError
 
     try:
         e = _registry(registry).rollback(reason)

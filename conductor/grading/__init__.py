@@ -2,6 +2,9 @@
 
 Kinds: ``math`` (math-verify equivalence), ``numeric`` (tolerance), ``mcq``
 (letter/index/option text), ``code`` (tests in the sandbox), ``exact`` (free text).
+
+The folder also holds what grading needs around the graders: answer extraction (``extract``),
+the sandbox that runs generated code (``sandbox``) and the paper's reward (``reward``).
 """
 
 from __future__ import annotations
@@ -10,12 +13,12 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from conductor.data.questions import Question
 from conductor.grading import code as _code  # noqa: F401  (registers "code")
 from conductor.grading import equivalence as _equivalence  # noqa: F401  (registers "math", "exact")
 from conductor.grading import mcq as _mcq  # noqa: F401  (registers "mcq")
 from conductor.grading import numeric as _numeric  # noqa: F401  (registers "numeric")
 from conductor.grading.base import Grader, GradeResult, as_question, get_grader, grader_kinds, kind_of, register_grader
-from conductor.questions import Question
 
 
 def grade(question: Question, response: str | None, kind: str | None = None) -> GradeResult:

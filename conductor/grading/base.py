@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from conductor.questions import Question
+from conductor.data.questions import Question
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,6 @@ def gold_text(value: Any) -> str:
 
 
 def rules_for(question: Question, kind: str) -> Sequence[str]:
-    from conductor.extract import DEFAULT_RULES
+    from conductor.grading.extract import DEFAULT_RULES
 
     return tuple(question.metadata.get("extract") or DEFAULT_RULES.get(kind, DEFAULT_RULES["free"]))

@@ -19,10 +19,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from conductor.extract import code_block
+from conductor.data.questions import Question
 from conductor.grading.base import GradeResult, as_question, register_grader
-from conductor.questions import Question
-from conductor.sandbox import Limits, Sandbox, SandboxResult, default_sandbox
+from conductor.grading.extract import code_block
+from conductor.grading.sandbox import Limits, Sandbox, SandboxResult, default_sandbox
 
 
 def solution_source(code: str, entry_point: str | None, prompt: str | None = None) -> str:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from conductor.datasets import DatasetError, gold_letter
-from conductor.extract import choice_letter, extract
+from conductor.data.datasets import DatasetError, gold_letter
+from conductor.data.questions import LETTERS, Question
 from conductor.grading.base import GradeResult, as_question, register_grader, rules_for
-from conductor.questions import LETTERS, Question
+from conductor.grading.extract import choice_letter, extract
 
 
 class MCQGrader:

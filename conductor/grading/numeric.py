@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
-from conductor.extract import extract, last_number
+from conductor.data.questions import Question
 from conductor.grading.base import GradeResult, as_question, register_grader, rules_for
-from conductor.questions import Question
+from conductor.grading.extract import extract, last_number
 
 _TEXT_RE = re.compile(r"\\(?:text|textbf|mathrm|mbox|textrm)\s*\{([^{}]*)\}")
 _FRAC_RE = re.compile(r"^(-?)\\[dt]?frac\s*\{\s*(-?[\d.]+)\s*\}\s*\{\s*(-?[\d.]+)\s*\}$")

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from conductor.policy.base import Generation, GenerationParams, PolicyBackend
-from conductor.providers.base import Completion
+from conductor.workers.providers.base import Completion
 
 if TYPE_CHECKING:
-    from conductor.cache import ResponseCache
+    from conductor.execution.cache import ResponseCache
 
 PROVIDER = "conductor-policy"   # the provider column of cached conductor generations
 

@@ -52,7 +52,7 @@ def parse_spec(spec: str) -> PolicySpec:
     ...
     conductor.policy.factory.PolicySpecError: conductor spec 'torch:/x': unknown backend 'torch' (use one of embedded, llamacpp, transformers, vllm, openai)
     """
-    from conductor.embedded import DEFAULT_CONDUCTOR_MODEL
+    from conductor.local.embedded import DEFAULT_CONDUCTOR_MODEL
 
     raw = spec.strip()
     backend, _, rest = raw.partition(":")
@@ -99,7 +99,7 @@ def check_spec(spec: str) -> PolicySpec:
 
     p = parse_spec(spec)
     if p.backend == "embedded":
-        from conductor.embedded import EmbeddedError, spec_for
+        from conductor.local.embedded import EmbeddedError, spec_for
 
         try:
             spec_for(p.target)
@@ -131,7 +131,7 @@ def make_policy(spec: str = "embedded", **options: Any) -> PolicyBackend:
 
     p = parse_spec(spec)
     if p.backend == "embedded":
-        from conductor.embedded import ensure_models, spec_for
+        from conductor.local.embedded import ensure_models, spec_for
 
         name = spec_for(p.target).name
         path = ensure_models(which=[name])[name]

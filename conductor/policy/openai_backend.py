@@ -37,7 +37,7 @@ def endpoint_error(model: str, base_url: str | None, e: BaseException) -> Endpoi
     """A redacted one-line EndpointError for an OpenAI SDK exception."""
     import openai
 
-    from conductor.secrets import redact
+    from conductor.workers.secrets import redact
 
     if isinstance(e, openai.AuthenticationError | openai.PermissionDeniedError):
         kind = "auth"
@@ -64,7 +64,7 @@ class OpenAIBackend:
                  max_retries: int = 4, token_ids: bool = False):
         import openai
 
-        from conductor.secrets import register_key_env
+        from conductor.workers.secrets import register_key_env
 
         for name in (api_key_env, "OPENAI_API_KEY"):   # whatever key is sent is scrubbed from every error
             if name:

@@ -5,7 +5,7 @@ Specs (the ``--conductor`` family; ordinals are the pool's workers in manifest o
 
 - ``fixed:i`` — worker i answers alone (``conductor.policy.fixed``);
 - ``sc:i:k`` — self-consistency: k independent samples of worker i, then a majority vote on the extracted
-  answers by a ``vote`` tool worker that this strategy appends to the pool (``conductor.providers.vote``);
+  answers by a ``vote`` tool worker that this strategy appends to the pool (``conductor.workers.providers.vote``);
 - ``moa:p1+p2+...:agg`` (or ``moa:p1,p2,...:agg``) — Mixture-of-Agents, one layer: the proposers answer
   independently, the aggregator sees every proposal and writes the answer;
 - ``random[:seed[:max_steps]]`` — a random workflow per question: length uniform in 1..max_steps (default 5),
@@ -29,7 +29,7 @@ from conductor.policy.fixed import DIRECT_SUBTASK, FixedWorkflowPolicy
 from conductor.workflow import ALL, DEFAULT_MAX_STEPS, Step, Workflow
 
 if TYPE_CHECKING:
-    from conductor.pool import Pool
+    from conductor.workers.pool import Pool
 
 VOTE_WORKER = "majority-vote"
 VOTE_SUBTASK = "Take a majority vote over the final answers above."
@@ -128,7 +128,7 @@ def mixture_of_agents(proposers: list[int], aggregator: int) -> FixedWorkflowPol
 
 def strategy_pool(spec: str, pool: Pool) -> Pool:
     """The pool a strategy runs over: ``sc`` appends the vote tool worker (once); others use the pool as is."""
-    from conductor.pool import Worker
+    from conductor.workers.pool import Worker
 
     if spec.partition(":")[0] != "sc" or any(w.provider == "vote" for w in pool.workers):
         return pool

@@ -48,7 +48,7 @@ class TransformersBackend:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.eos_ids = _eos_ids(model, tokenizer)
         self._lltok: tuple[int, Any] | None = None     # (vocabulary size, llguidance tokenizer), built once
-        # A checkpoint's decoding contract (conductor_format.json, conductor.grpo.format): when set, every
+        # A checkpoint's decoding contract (conductor_format.json, conductor.learning.grpo.format): when set, every
         # generation decodes under its grammar for the number of workers the prompt lists.
         self.conductor_format: Any = None
 
@@ -91,7 +91,7 @@ class TransformersBackend:
         tokenizer.padding_side = "left"
         backend = cls(model, tokenizer, source=source, **kwargs)
         if gguf_file is None and path.is_dir():
-            from conductor.grpo.format import load_format
+            from conductor.learning.grpo.format import load_format
 
             backend.conductor_format = load_format(path)
         return backend
@@ -131,7 +131,7 @@ class TransformersBackend:
         """Generate under the checkpoint's own grammar, one call per distinct number of listed workers."""
         from dataclasses import replace
 
-        from conductor.grpo.format import n_workers_in
+        from conductor.learning.grpo.format import n_workers_in
 
         fmt, self.conductor_format = self.conductor_format, None
         try:
@@ -313,7 +313,7 @@ def detach_gguf_quantizer(model: Any) -> Any:
 
 def converted_dir(gguf_path: Path) -> Path:
     """Where the float checkpoint converted from a GGUF file is kept (keyed by file name and size)."""
-    from conductor.embedded import conductor_home
+    from conductor.local.embedded import conductor_home
 
     size = gguf_path.stat().st_size
     return conductor_home() / "hf" / f"{gguf_path.stem}-{size}"

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from prefect_dask import DaskTaskRunner
 
-    from conductor.run_config import RolloutConfig
+    from conductor.run.config import RolloutConfig
     from flows.rollout import rollout_flow
 
     runner = DaskTaskRunner(

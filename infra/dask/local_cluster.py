@@ -2,7 +2,7 @@
 
 WHY Dask: a rollout run is a list of independent shards; the rollout flow submits one task per shard when it
 runs on a Dask (or Ray) task runner, and each Dask worker process builds its own runtime (policy, servers,
-executor) once from plain specs and reuses it across shards (``conductor.runtime.shared_live``). The lake is
+executor) once from plain specs and reuses it across shards (``conductor.run.runtime.shared_live``). The lake is
 the only shared state, so the workers must all see the same lake path (a shared volume or ``s3://``).
 
     # a LocalCluster of 2 worker processes on this machine (what docs/deployments.md shows running):
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from distributed import LocalCluster
 
-    from conductor.run_config import RolloutConfig
+    from conductor.run.config import RolloutConfig
     from flows.rollout import on_dask, rollout_flow
 
     cluster = None

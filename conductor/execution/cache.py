@@ -1,0 +1,180 @@
+"""Content-addressed response cache on local disk (SQLite, WAL).
+
+WHY: a rerun of a shard, or a re-score of an old run, must not pay twice. The
+key is the sha256 of everything that determines a reply: provider, model,
+endpoint, sampling settings, provider options, the rendered messages and the
+sample index (so a GRPO group's independent samples stay independent). The
+first stored reply wins, so every later reader sees the same text.
+
+Modes: ``read_write`` (default), ``read_only`` (use hits, store nothing),
+``write_only`` (refresh), ``replay`` (never call a provider: a miss is an
+infrastructure failure ``cache_miss``). Safe with several writers, threads or
+processes: WAL journal, a busy timeout, INSERT OR IGNORE; all SQLite work runs
+on one thread per cache so the event loop never blocks on a lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import sqlite3
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from conductor.workers.providers.base import Completion, Message, ProviderError
+from conductor.workers.secrets import redact
+
+if TYPE_CHECKING:
+    from conductor.workers.pool import Worker
+
+CacheMode = Literal["read_write", "read_only", "write_only", "replay"]
+MODES: tuple[str, ...] = ("read_write", "read_only", "write_only", "replay")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS responses (
+    key TEXT PRIMARY KEY,
+    provider TEXT NOT NULL,
+    model TEXT NOT NULL,
+    text TEXT NOT NULL,
+    input_tokens INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    finish_reason TEXT,
+    created REAL NOT NULL
+)"""
+
+
+def messages_hash(messages: list[Message]) -> str:
+    """sha256 of the rendered messages (recorded on every call).
+
+    >>> messages_hash([Message("user", "hi")]) == messages_hash([Message("user", "hi")])
+    True
+    """
+    body = json.dumps([[m.role, m.content] for m in messages], ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+MANIFEST_URL_OPTION = "manifest_base_url"
+
+
+def cache_key(worker: Worker, messages: list[Message], sample_index: int = 0) -> str:
+    """The content address of one call; the worker's *name* is not part of it.
+
+    >>> from conductor.workers.pool import Worker
+    >>> a = Worker(name="a", provider="openai", model="m")
+    >>> b = Worker(name="b", provider="openai", model="m")
+    >>> cache_key(a, [Message("user", "q")]) == cache_key(b, [Message("user", "q")])
+    True
+    >>> cache_key(a, [Message("user", "q")], 0) == cache_key(a, [Message("user", "q")], 1)
+    False
+    """
+    options = dict(worker.options)
+    # an embedded server's URL carries a port that changes every run: key on the manifest's embedded:// URL
+    base_url = options.pop(MANIFEST_URL_OPTION, None) or worker.base_url or ""
+    body = {
+        "provider": worker.provider, "model": worker.model, "base_url": base_url,
+        "sampling": worker.sampling.model_dump(mode="json"), "options": options,
+        "messages": [[m.role, m.content] for m in messages], "sample": sample_index,
+    }
+    if worker.sandbox is not None:   # a code-running worker's limits change what it prints
+        body["sandbox"] = worker.sandbox.model_dump(mode="json")
+    raw = json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+class ResponseCache:
+    def __init__(self, path: str | Path, mode: CacheMode = "read_write", busy_timeout_s: float = 60.0):
+        if mode not in MODES:
+            raise ValueError(f"cache mode {mode!r}: expected one of {', '.join(MODES)}")
+        self.path = Path(path)
+        self.mode = mode
+        self.hits = 0
+        self.misses = 0
+        self.writes = 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="response-cache")
+        self._local = threading.local()
+        self._busy_ms = int(busy_timeout_s * 1000)
+        try:
+            self._pool.submit(self._conn).result()   # create the file and schema now: fail early
+        except sqlite3.Error as e:
+            self._pool.shutdown(wait=False)
+            raise ValueError(f"{self.path}: cannot open the response cache: {e}") from None
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=self._busy_ms / 1000, isolation_level=None)
+            conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
+            if self.mode != "replay" and self.mode != "read_only":
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute(_SCHEMA)
+            self._local.conn = conn
+        return conn
+
+    # -- synchronous core (runs on the cache thread) --
+    def _get(self, key: str) -> Completion | None:
+        try:
+            row = self._conn().execute(
+                "SELECT text, input_tokens, output_tokens, finish_reason FROM responses WHERE key=?", (key,)
+            ).fetchone()
+        except sqlite3.OperationalError as e:
+            if "no such table" in str(e):
+                return None
+            raise
+        return None if row is None else Completion(row[0], int(row[1]), int(row[2]), row[3])
+
+    def _put(self, key: str, provider: str, model: str, c: Completion) -> None:
+        self._conn().execute(
+            "INSERT OR IGNORE INTO responses VALUES (?,?,?,?,?,?,?,?)",
+            (key, provider, model, redact(c.text), c.input_tokens, c.output_tokens, c.finish_reason, time.time()))
+
+    # -- async API (used by the executor) --
+    async def get(self, key: str) -> Completion | None:
+        if self.mode == "write_only":
+            return None
+        hit = await asyncio.get_running_loop().run_in_executor(self._pool, self._get, key)
+        if hit is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return hit
+
+    async def put(self, key: str, worker: Worker, completion: Completion) -> None:
+        if self.mode in ("read_only", "replay"):
+            return
+        await asyncio.get_running_loop().run_in_executor(
+            self._pool, self._put, key, worker.provider, worker.model, completion)
+        self.writes += 1
+
+    # -- synchronous API (callers outside the event loop, e.g. the conductor's own generations) --
+    def lookup(self, key: str) -> Completion | None:
+        """A stored reply, or None; never counts towards the worker-call hit statistics."""
+        return None if self.mode == "write_only" else self._pool.submit(self._get, key).result()
+
+    def store(self, key: str, provider: str, model: str, completion: Completion) -> None:
+        if self.mode not in ("read_only", "replay"):
+            self._pool.submit(self._put, key, provider, model, completion).result()
+
+    def miss_error(self, worker: Worker) -> ProviderError:
+        return ProviderError("cache_miss", f"worker {worker.name}: no cached reply in {self.path.name} "  # type: ignore[arg-type]
+                             "and the cache is in replay mode (no provider calls)")
+
+    def count(self) -> int:
+        return self._pool.submit(lambda: self._conn().execute("SELECT COUNT(*) FROM responses").fetchone()[0]).result()
+
+    def close(self) -> None:
+        def _close() -> None:
+            conn = getattr(self._local, "conn", None)
+            if conn is not None:
+                conn.close()
+                self._local.conn = None
+        try:
+            self._pool.submit(_close).result()
+        except RuntimeError:  # interpreter shutdown already stopped the pool; every write was committed
+            return
+        self._pool.shutdown(wait=True)

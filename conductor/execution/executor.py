@@ -1,0 +1,282 @@
+"""Run a workflow over a sub-pool: worker calls as a dependency graph, every call recorded.
+
+Semantics are the paper's (each worker sees the question, the earlier steps its
+access list names, then its subtask; the last step's output is the answer), but
+steps run as soon as the steps they see are done: a step with access ``[]``
+never waits, so independent attempts run in parallel. Each step's messages
+depend only on the responses it sees, so results equal sequential execution
+(``sequential=True`` runs strictly in order, for comparison).
+
+Failure taxonomy:
+- provider/infrastructure failures left after retries (rate limits, 5xx,
+  timeouts, malformed bodies, auth, missing keys, cache misses in replay mode,
+  budgets) end the round with ``failure`` set: the trajectory is
+  ``infra_failed`` with the cause and is never rewarded 0;
+- empty or truncated replies are the workflow's own outcome: recorded
+  (``finish_reason``) and passed on like any reply.
+Steps not yet started when a failure happens are not started; calls already in
+flight finish and are cached, so a rerun does not pay for them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from conductor.execution.cache import ResponseCache, cache_key, messages_hash
+from conductor.execution.ratelimit import RateLimiter
+from conductor.execution.retry import RetryPolicy, call_with_retries, with_timeout
+from conductor.trajectory import CallRecord
+from conductor.workers.cost import call_cost
+from conductor.workers.providers.base import Completion, Message, Provider, ProviderError, make_provider
+from conductor.workers.providers.shared import estimate_tokens
+from conductor.workers.secrets import redact, redacting_logger
+from conductor.workflow import ALL, Workflow
+
+if TYPE_CHECKING:
+    from conductor.workers.pool import SubPool, Worker
+
+log = redacting_logger("conductor.execution.executor")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Per-question limits over all rounds of one trajectory (None = unlimited)."""
+
+    max_calls: int | None = None
+    max_dollars: float | None = None
+    max_seconds: float | None = None
+
+
+@dataclass
+class QuestionState:
+    """What one trajectory has used so far; shared by its rounds."""
+
+    budget: Budget = field(default_factory=Budget)
+    started: float = field(default_factory=time.monotonic)
+    calls: int = 0          # worker calls started (cache hits included: replays must behave identically)
+    dollars: float = 0.0    # nominal cost so far
+
+    def remaining_s(self) -> float | None:
+        if self.budget.max_seconds is None:
+            return None
+        return self.budget.max_seconds - (time.monotonic() - self.started)
+
+    def admit(self, who: str) -> None:
+        """Count a call about to start, or raise a ``budget`` ProviderError."""
+        b = self.budget
+        if b.max_calls is not None and self.calls >= b.max_calls:
+            raise ProviderError("budget", f"{who}: question budget of {b.max_calls} calls used up")
+        if b.max_dollars is not None and self.dollars >= b.max_dollars:
+            raise ProviderError("budget", f"{who}: question budget of ${b.max_dollars:g} used up (${self.dollars:.4f})")
+        left = self.remaining_s()
+        if left is not None and left <= 0:
+            raise ProviderError("budget", f"{who}: question budget of {b.max_seconds:g} s used up")
+        self.calls += 1
+
+
+@dataclass
+class RoundResult:
+    """One executed workflow: its calls (in step order), responses and answer, or its failure."""
+
+    calls: list[CallRecord]
+    responses: dict[int, str]
+    final_answer: str | None
+    failure: ProviderError | None = None
+
+    @property
+    def infra_cause(self) -> str | None:
+        if self.failure is None:
+            return None
+        return redact(f"{self.failure.kind}: {self.failure}")
+
+    def as_previous_round(self, workflow: Workflow) -> list[tuple[int, str, str]]:
+        """(worker, subtask, response) per step: what a recursion round's "all" steps see."""
+        return [(s.worker, s.subtask, self.responses.get(i, "")) for i, s in enumerate(workflow.steps)]
+
+
+class Executor:
+    """Shared by every workflow of a batch: providers, rate limits, cache, retry policy, budgets.
+
+    Bound to one event loop at a time; used from a new loop (a new ``asyncio.run``)
+    it rebuilds its SDK clients and limiters, since those cannot cross loops.
+    """
+
+    def __init__(self, *, cache: ResponseCache | None = None, limiter: RateLimiter | None = None,
+                 retry: RetryPolicy | None = None, budget: Budget | None = None):
+        self.cache = cache
+        self._limiter_template = limiter or RateLimiter()
+        self.limiter = self._limiter_template
+        self.retry = retry or RetryPolicy()
+        self.budget = budget or Budget()
+        self._providers: dict[int, tuple[Worker, Provider]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.stats: dict[str, int] = {"calls": 0, "cache_hits": 0, "retries": 0, "failures": 0}
+
+    # ------------------------------------------------------------ plumbing
+    def _bind_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        if loop is self._loop:
+            return
+        if self._loop is not None:   # a previous asyncio.run: its clients and semaphores are dead
+            self._providers.clear()
+            self.limiter = self._limiter_template.fresh()
+        self._loop = loop
+
+    def provider(self, worker: Worker) -> Provider:
+        entry = self._providers.get(id(worker))
+        if entry is None:
+            entry = self._providers[id(worker)] = (worker, make_provider(worker))
+        return entry[1]
+
+    async def aclose(self) -> None:
+        """Close the SDK clients of this loop (the cache stays open; close it yourself)."""
+        providers, self._providers = self._providers, {}
+        for _, p in providers.values():
+            close = getattr(p, "aclose", None)
+            if close is not None:
+                try:
+                    await close()
+                except Exception:  # noqa: BLE001 - closing must not mask results
+                    pass
+
+    # ----------------------------------------------------------- one call
+    async def call(self, worker: Worker, messages: list[Message], rec: CallRecord, *,
+                   sample_index: int = 0, state: QuestionState | None = None) -> Completion:
+        """One worker call with cache, budget, limits, retries and timeout; fills ``rec``."""
+        self._bind_loop()
+        state = state or QuestionState(self.budget)
+        who = f"worker {worker.name}"
+        start = time.perf_counter()
+        rec.messages_hash = messages_hash(messages)
+        try:
+            key = cache_key(worker, messages, sample_index) if self.cache is not None else ""
+            if self.cache is not None:
+                hit = await self.cache.get(key)
+                if hit is not None:
+                    state.admit(who)
+                    self._fill(rec, worker, hit, start, cache_hit=True)
+                    state.dollars += rec.cost_usd
+                    self.stats["cache_hits"] += 1
+                    return hit
+                if self.cache.mode == "replay":
+                    raise self.cache.miss_error(worker)
+            state.admit(who)
+            completion, retries = await self._call_provider(worker, messages, sample_index, state, who)
+            clean = redact(completion.text)    # a reply must never carry a key into records or later prompts
+            if clean != completion.text:
+                completion = Completion(clean, completion.input_tokens, completion.output_tokens, completion.finish_reason)
+            rec.retries = retries
+            self.stats["calls"] += 1
+            self.stats["retries"] += retries
+            self._fill(rec, worker, completion, start, cache_hit=False)
+            state.dollars += rec.cost_usd
+            if self.cache is not None:
+                await self.cache.put(key, worker, completion)
+            return completion
+        except ProviderError as e:
+            self.stats["failures"] += 1
+            log.warning("call failed for %s (%s): %s", who, e.kind, e)
+            rec.retries = getattr(e, "retries", rec.retries)
+            rec.error = redact(str(e))
+            rec.error_kind = e.kind
+            rec.latency_s = time.perf_counter() - start
+            raise
+
+    async def _call_provider(self, worker: Worker, messages: list[Message], sample_index: int,
+                             state: QuestionState, who: str) -> tuple[Completion, int]:
+        provider = self.provider(worker)
+        limiter = self.limiter
+        s = worker.sampling
+        tokens = (sum(estimate_tokens(m.content) for m in messages) + s.max_tokens
+                  + (s.thinking_budget or 0)) if worker.limits.tokens_per_minute else 0
+        timeout = self.retry.timeout_s or worker.limits.timeout_s
+        key_limiter = limiter.for_worker(worker)
+
+        async def attempt() -> Completion:
+            left = state.remaining_s()
+            if left is not None and left <= 0:
+                raise ProviderError("budget", f"{who}: question budget of {state.budget.max_seconds:g} s used up")
+            budget = timeout if left is None else min(timeout, left)
+            async with limiter.slot(worker, tokens, budget) as permit:   # Retry-After pauses count against it
+                try:
+                    c = await with_timeout(provider.complete(messages, sample_index=sample_index),
+                                           budget - permit.paused_s, who)
+                except ProviderError as e:
+                    permit.settle(0)
+                    if e.kind == "rate_limited":
+                        await key_limiter.penalize(e.retry_after)
+                    raise
+                permit.settle(c.input_tokens + c.output_tokens)
+                return c
+
+        def on_retry(e: ProviderError) -> None:
+            log.info("retrying %s after %s: %s", who, e.kind, e)
+
+        max_retries = self.retry.max_retries if self.retry.max_retries is not None else worker.limits.max_retries
+        return await call_with_retries(attempt, max_retries, self.retry, on_retry)
+
+    @staticmethod
+    def _fill(rec: CallRecord, worker: Worker, c: Completion, start: float, cache_hit: bool) -> None:
+        rec.response = c.text
+        rec.finish_reason = c.finish_reason
+        rec.input_tokens = c.input_tokens
+        rec.output_tokens = c.output_tokens
+        rec.cost_usd = call_cost(worker, c.input_tokens, c.output_tokens)
+        rec.cache_hit = cache_hit
+        rec.latency_s = time.perf_counter() - start
+
+    # ------------------------------------------------------- one workflow
+    async def run_workflow(self, question: str, workflow: Workflow, subpool: SubPool, *,
+                           sample_index: int = 0, depth: int = 0, parent_call_id: str | None = None,
+                           previous_round: Sequence[tuple[int, str, str]] | None = None,
+                           state: QuestionState | None = None, sequential: bool = False) -> RoundResult:
+        """Execute every step; raises WorkflowError (before any call) if a step names no worker."""
+        from conductor.prompts import worker_messages
+
+        self._bind_loop()
+        workflow.validate(n_workers=len(subpool), max_steps=max(len(workflow), 1), allow_empty=True)
+        state = state or QuestionState(self.budget)
+        n = len(workflow)
+        deps = workflow.dependencies()
+        records: list[CallRecord | None] = [None] * n
+        responses: dict[int, str] = {}
+        done = [asyncio.Event() for _ in range(n)]
+        failure: list[ProviderError] = []
+        prev = list(previous_round) if previous_round else None
+
+        async def run_step(i: int) -> None:
+            try:
+                for d in deps[i]:
+                    await done[d].wait()
+                if failure:
+                    return
+                step = workflow.steps[i]
+                worker = subpool.worker(step.worker)
+                msgs = worker_messages(question, workflow, i, {j: responses[j] for j in deps[i]}, prev)
+                rec = records[i] = CallRecord(
+                    call_id=f"{depth}.{i}", parent_call_id=parent_call_id, depth=depth, step=i,
+                    worker_index=step.worker, worker=worker.name, provider=worker.provider, model=worker.model,
+                    subtask=step.subtask, access=list(deps[i]), access_all=step.access == ALL)
+                try:
+                    c = await self.call(worker, msgs, rec, sample_index=sample_index, state=state)
+                except ProviderError as e:
+                    failure.append(e)
+                    return
+                responses[i] = c.text
+            finally:
+                done[i].set()
+
+        if sequential:
+            for i in range(n):
+                await run_step(i)
+        else:
+            await asyncio.gather(*(run_step(i) for i in range(n)))
+        calls = [r for r in records if r is not None]
+        if failure:
+            return RoundResult(calls, responses, None, failure[0])
+        final = responses.get(n - 1) if n else None
+        return RoundResult(calls, responses, final)

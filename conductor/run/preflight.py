@@ -1,0 +1,238 @@
+"""Check a run's inputs before anything starts: one plain function the CLI calls before Prefect starts and
+the flow calls again, so a mistake is one ``error:`` line at once, never a traceback after minutes of work.
+
+``prepare_answer`` checks an ``AnswerConfig`` and resolves everything an answer run needs (questions, pool,
+conductor checkpoint, few-shot policy, sub-pool size, run id, output, lake and cache paths) and the key of
+the settings that change answers (``AnswerConfig.settings_key``); ``RunSpec.settings_key`` folds that key
+into every trajectory id, which is what makes a rerun resume by content.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from conductor.data.questions import Question
+    from conductor.run.config import AnswerConfig
+    from conductor.workers.pool import Pool
+
+
+class UsageError(ValueError):
+    """Bad input to a command: the message is one line naming the option, file or field."""
+
+
+@dataclass(frozen=True)
+class AnswerInputs:
+    """What an answer run works from, every part checked."""
+
+    config: AnswerConfig   # resolved: run id, lake, cache, few-shot policy, temperature and grammar filled in
+    questions: list[Question]
+    pool: Pool
+    checkpoint: str
+    settings_key: str
+    out: Path
+
+
+def first_line(e: BaseException) -> str:
+    """An exception as one redacted line (its type when it has no message)."""
+    from conductor.workers.secrets import redact
+
+    text = str(e).strip()
+    return redact(text.splitlines()[0] if text else type(e).__name__)
+
+
+def prepare_answer(config: AnswerConfig) -> AnswerInputs:
+    """Every check an answer run needs, cheapest first; UsageError (one line) on the first mistake."""
+    c = config
+    check_numbers(samples=c.samples, recursion_depth=c.recursion_depth, limit=c.limit, shard_size=c.shard_size,
+                  temperature=0.0 if c.temperature is None else c.temperature, max_tokens=c.max_tokens,
+                  max_steps=c.max_steps)
+    if c.fewshot != "auto":
+        check_fewshot(c.fewshot)
+    if c.run_id is not None:
+        check_run_id(c.run_id)
+    manifest = check_pool(c.pool)
+    check_k(c.k, manifest, c.conductor)
+    checkpoint = check_conductor(c.conductor, manifest, c.max_steps)
+    qs = check_questions(c.questions, c.limit)
+    out_dir = Path(c.out)
+    check_writable_dir(out_dir, "--out")
+    lake = c.lake or str(out_dir / "lake")
+    if "://" not in lake or lake.startswith("file://"):
+        check_writable_dir(Path(lake.removeprefix("file://")), "--lake")
+    cache = c.cache or str(out_dir / "cache.sqlite")
+    check_file_path(Path(cache), "--cache")
+    from conductor.prompts import resolve_fewshot
+
+    embedded = checkpoint.startswith("embedded:")
+    resolved = c.model_copy(update={
+        "lake": lake, "cache": cache,
+        # the untrained embedded conductor writes prose too often without the grammar
+        "constrained": embedded if c.constrained is None else c.constrained,
+        # the informed prompt for the untrained embedded conductor
+        "fewshot": resolve_fewshot(c.fewshot, checkpoint),
+        # an untrained 1.5B samples garbled workflows at 0.7 (measured); its greedy one is its best
+        "temperature": (0.0 if embedded else 0.7) if c.temperature is None else c.temperature})
+    key = resolved.settings_key(manifest, checkpoint)
+    resolved = resolved.model_copy(update={"run_id": c.run_id or resolved.derive_run_id(key)})
+    return AnswerInputs(config=resolved, questions=qs, pool=manifest, checkpoint=checkpoint, settings_key=key,
+                        out=out_dir)
+
+
+def check_numbers(**values: Any) -> None:
+    """Counts are positive integers (recursion depth may be 0); temperatures are finite and not negative."""
+    for name, v in values.items():
+        if v is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if name == "temperature":
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise UsageError(f"{flag} must be a finite number >= 0, not {v!r}")
+            continue
+        low = 0 if name == "recursion_depth" else 1
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise UsageError(f"{flag} must be an integer >= {low}, not {v!r}")
+
+
+def check_fewshot(fewshot: str) -> None:
+    from conductor.prompts import select_fewshot
+
+    try:
+        select_fewshot(fewshot)
+    except (ValueError, OSError, KeyError) as e:
+        raise UsageError(f"--fewshot {fewshot!r}: {first_line(e)}") from None
+
+
+def check_run_id(run_id: str) -> None:
+    from conductor.lake.storage import check_key
+
+    try:
+        check_key("--run-id", run_id)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def check_pool(path: str | os.PathLike[str]) -> Pool:
+    """Load a manifest and check each worker's provider options (a simulated skill of 7.5 is a mistake)."""
+    from conductor.workers.pool import PoolError, load_pool
+
+    try:
+        manifest = load_pool(path)
+    except PoolError as e:
+        raise UsageError(str(e)) from None
+    check_worker_options(manifest, str(path))
+    return manifest
+
+
+def check_worker_options(manifest: Pool, source: str = "<pool>") -> None:
+    """Provider-specific ``options`` are validated by their provider; check them before any call."""
+    from pydantic import ValidationError
+
+    from conductor.workers.providers.simulated import SimulatedOptions
+
+    for i, w in enumerate(manifest.workers):
+        if w.provider != "simulated":
+            continue
+        try:
+            SimulatedOptions.model_validate(w.options)
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise UsageError(f"{source}: workers[{i}] ({w.name}).options.{where}: {err['msg']}") from None
+
+
+def check_k(k: int | None, manifest: Pool, conductor: str) -> None:
+    if k is None:
+        return
+    from conductor.policy.strategies import is_strategy
+
+    n = len(manifest.workers)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n:
+        raise UsageError(f"--k {k}: must be between 1 and the pool's {n} workers")
+    if is_strategy(conductor):
+        raise UsageError(f"--k {k}: strategy {conductor!r} runs over the whole pool; drop --k")
+
+
+def check_conductor(spec: str, manifest: Pool, max_steps: int, flag: str = "--conductor") -> str:
+    """The checkpoint id a conductor spec stands for, or UsageError: strategies are checked against the pool,
+    ``champion`` needs a promoted champion, model specs need their files, packages and key variables."""
+    from conductor.learning.registry import RegistryError
+    from conductor.policy.factory import PolicySpecError, check_spec
+    from conductor.policy.strategies import StrategyError, check_strategy, is_strategy
+    from conductor.run.runtime import checkpoint_of
+
+    try:
+        if is_strategy(spec):
+            check_strategy(spec, manifest, max_steps)
+        elif spec == "auto" or spec.startswith("champion"):
+            _check_champion(spec)
+        else:
+            check_spec(spec)
+        return checkpoint_of(spec)
+    except (PolicySpecError, StrategyError, RegistryError, OSError) as e:
+        raise UsageError(f"{flag}: {first_line(e)}") from None
+
+
+def _check_champion(spec: str) -> None:
+    import fsspec
+
+    from conductor.learning.registry import Registry, RegistryError
+    from conductor.run.runtime import registry_uri
+
+    uri = spec.partition("@")[2] or registry_uri()
+    if spec != "auto" and spec.partition("@")[0] != "champion":
+        raise UsageError(f"--conductor {spec!r}: expected champion or champion@REGISTRY")
+    fs, path = fsspec.core.url_to_fs(uri)
+    if not fs.exists(path):
+        if spec == "auto":
+            return
+        raise RegistryError(f"registry {uri} does not exist, so it has no champion")
+    if fs.isfile(path):
+        raise RegistryError(f"registry {uri} is a file, not a registry directory")
+    if Registry.open(uri).champion is None and spec != "auto":
+        raise RegistryError(f"registry {uri}: no champion has been promoted yet")
+
+
+def check_questions(spec: str, limit: int | None) -> list[Question]:
+    from conductor.data.datasets import DatasetError
+    from conductor.data.questionset import load_questions
+
+    try:
+        qs = load_questions(spec, limit)
+    except (DatasetError, ValueError, OSError) as e:
+        raise UsageError(first_line(e)) from None
+    if not qs:
+        raise UsageError(f"{spec}: no questions to answer")
+    return qs
+
+
+def check_writable_dir(path: Path, flag: str) -> None:
+    """``path`` is (or can be created as) a directory this process can write into; nothing is created."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path}: exists and is not a directory")
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UsageError(f"{flag} {path}: {probe} is not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=probe, prefix=".conductor-probe-"):
+            pass
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot write in {probe} ({e.strerror or e})") from None
+
+
+def check_file_path(path: Path, flag: str) -> None:
+    """A file this process may create or update."""
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory, expected a file")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"{flag} {path}: not writable")
+    check_writable_dir(path.parent, flag)

@@ -1,0 +1,89 @@
+"""The provider extension point: one async method, typed errors.
+
+A provider turns rendered messages plus a worker's sampling settings into text
+and token usage, or raises ``ProviderError`` classified so the executor knows
+whether to wait and retry (rate limits, 5xx, timeouts) or give up (auth, bad
+request). Provider failures are infrastructure failures, never the conductor's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from conductor.workers.pool import Worker
+
+ErrorKind = Literal["rate_limited", "timeout", "server", "malformed", "auth", "permanent", "budget", "missing_key",
+                    "cache_miss"]
+RETRYABLE: frozenset[str] = frozenset({"rate_limited", "timeout", "server", "malformed"})
+
+
+@dataclass(frozen=True)
+class Message:
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+    finish_reason: str | None = None   # "stop", "length", ...
+
+
+class ProviderError(Exception):
+    """A classified failure; ``str()`` never contains a secret."""
+
+    def __init__(self, kind: ErrorKind, message: str, retry_after: float | None = None, status: int | None = None):
+        super().__init__(message)
+        self.kind = kind
+        self.retry_after = retry_after
+        self.status = status
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind in RETRYABLE
+
+
+class Provider(Protocol):
+    async def complete(self, messages: list[Message], *, sample_index: int = 0) -> Completion:
+        """One call with the worker's own sampling settings."""
+        ...
+
+    async def aclose(self) -> None:  # pragma: no cover - optional
+        ...
+
+
+ProviderFactory = Callable[["Worker"], Provider]
+_REGISTRY: dict[str, ProviderFactory] = {}
+
+
+def register_provider(name: str) -> Callable[[ProviderFactory], ProviderFactory]:
+    """Register a factory for a manifest ``provider:`` value."""
+    def deco(factory: ProviderFactory) -> ProviderFactory:
+        _REGISTRY[name] = factory
+        return factory
+    return deco
+
+
+def provider_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def make_provider(worker: Worker) -> Provider:
+    """Build the provider for a worker (importing its SDK only now)."""
+    import importlib
+
+    if worker.provider not in _REGISTRY:
+        aliases = {"openai_compatible": "openai", "local": "openai", "python": "python_tool"}
+        module = aliases.get(worker.provider, worker.provider)
+        try:
+            importlib.import_module(f"conductor.workers.providers.{module}")
+        except ModuleNotFoundError as e:
+            raise ProviderError("permanent", f"worker {worker.name}: provider {worker.provider!r} unavailable ({e.name} not installed)") from None
+    if worker.provider not in _REGISTRY:
+        raise ProviderError("permanent", f"worker {worker.name}: unknown provider {worker.provider!r}")
+    return _REGISTRY[worker.provider](worker)

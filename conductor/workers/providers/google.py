@@ -1,0 +1,84 @@
+"""Gemini through the official ``google-genai`` SDK (async client).
+
+``thinking_budget`` maps to ``ThinkingConfig(thinking_budget=...)`` (the paper
+ran Gemini 2.5 Pro at 128). Gemini bills thinking tokens as output, so output
+tokens = candidates + thoughts. ``base_url`` (e.g. the emulator) goes through
+``http_options``; the SDK's own retries stay off because the executor retries.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conductor.workers.pool import Worker
+from conductor.workers.providers.base import Completion, Message, ProviderError, register_provider
+from conductor.workers.providers.shared import classify, split_system, with_prefill
+from conductor.workers.secrets import get_key
+
+_FINISH = {"STOP": "stop", "MAX_TOKENS": "length"}
+
+
+class GeminiGenerate:
+    def __init__(self, worker: Worker):
+        from google import genai
+        from google.genai import types
+
+        self.worker = worker
+        self.types = types
+        key = get_key(worker.api_key_env or "GEMINI_API_KEY", worker.name)
+        http: dict[str, Any] = {"timeout": int(worker.limits.timeout_s * 1000)}
+        if worker.base_url:
+            http["base_url"] = worker.base_url
+        self.client = genai.Client(api_key=key, http_options=types.HttpOptions(**http))
+        s = worker.sampling
+        cfg: dict[str, Any] = {"temperature": s.temperature, "max_output_tokens": s.max_tokens}
+        if s.top_p is not None:
+            cfg["top_p"] = s.top_p
+        if s.top_k is not None:
+            cfg["top_k"] = s.top_k
+        if s.presence_penalty is not None:
+            cfg["presence_penalty"] = s.presence_penalty
+        if s.stop:
+            cfg["stop_sequences"] = list(s.stop)
+        if s.thinking_budget is not None:
+            cfg["thinking_config"] = types.ThinkingConfig(thinking_budget=s.thinking_budget)
+        self.base_config = cfg
+
+    async def complete(self, messages: list[Message], *, sample_index: int = 0) -> Completion:
+        t = self.types
+        s = self.worker.sampling
+        system, rest = split_system(messages, s.system_prompt)
+        rest = with_prefill(rest, s.assistant_prefill)
+        contents = [t.Content(role="model" if m.role == "assistant" else "user", parts=[t.Part(text=m.content)])
+                    for m in rest]
+        config = t.GenerateContentConfig(system_instruction=system, **self.base_config)
+        who = f"worker {self.worker.name}"
+        try:
+            r = await self.client.aio.models.generate_content(model=self.worker.model, contents=contents, config=config)
+        except BaseException as e:  # noqa: BLE001
+            if isinstance(e, (KeyboardInterrupt, SystemExit)) or type(e).__name__ == "CancelledError":
+                raise
+            raise classify(e, who) from None
+        try:
+            cands = r.candidates or []
+            parts = (cands[0].content.parts or []) if cands and cands[0].content else []
+            text = "".join(p.text or "" for p in parts if not getattr(p, "thought", False))
+            u = r.usage_metadata
+            in_tok = int(u.prompt_token_count or 0)
+            out_tok = int(u.candidates_token_count or 0) + int(u.thoughts_token_count or 0)
+            finish = cands[0].finish_reason if cands else None
+        except (AttributeError, TypeError, ValueError, IndexError):
+            raise ProviderError("malformed", f"{who}: reply lacks candidates or usage_metadata") from None
+        fname = getattr(finish, "value", finish)
+        return Completion(text, in_tok, out_tok, _FINISH.get(str(fname), str(fname).lower() if fname else None))
+
+    async def aclose(self) -> None:
+        try:
+            await self.client.aio.aclose()
+        except AttributeError:   # older SDKs have no explicit close
+            pass
+
+
+@register_provider("google")
+def _google(worker: Worker) -> GeminiGenerate:
+    return GeminiGenerate(worker)

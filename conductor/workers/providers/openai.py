@@ -1,0 +1,125 @@
+"""OpenAI chat completions, and any server that speaks them (vLLM, llama.cpp, others).
+
+Registers three manifest providers:
+- ``openai``: the official API (key from ``api_key_env``, default OPENAI_API_KEY);
+  ``reasoning_effort`` is sent where set, and then temperature/top_p are left out
+  because reasoning models reject them.
+- ``openai_compatible``: any server at ``base_url``; key optional.
+- ``local``: a llama.cpp (or similar) server on this machine at ``base_url``.
+Parameters the official API lacks go through ``extra_body``: ``top_k`` and the
+Qwen3 ``chat_template_kwargs.enable_thinking`` switch. SDK retries are off: the
+executor owns retries so it can count them and honour rate limits globally.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from conductor.workers.pool import Worker
+from conductor.workers.providers.base import Completion, Message, ProviderError, register_provider
+from conductor.workers.providers.shared import classify, estimate_tokens, with_prefill
+from conductor.workers.secrets import get_key
+
+_NO_KEY = "no-key-needed"
+
+
+class OpenAIChat:
+    def __init__(self, worker: Worker):
+        import openai
+
+        self.worker = worker
+        self.official = worker.provider == "openai"
+        if worker.provider == "local" and not worker.base_url:
+            raise ProviderError("permanent", f"worker {worker.name}: local workers need base_url (the llama.cpp server)")
+        env = worker.api_key_env or ("OPENAI_API_KEY" if self.official else None)
+        key = get_key(env, worker.name) if env else _NO_KEY
+        self.client = openai.AsyncOpenAI(api_key=key, base_url=worker.base_url, max_retries=0,
+                                         timeout=worker.limits.timeout_s)
+        self.params = self._params()
+        self._started = False
+
+    def _params(self) -> dict[str, Any]:
+        s = self.worker.sampling
+        p: dict[str, Any] = {"model": self.worker.model}
+        extra: dict[str, Any] = {}
+        if self.official:
+            p["max_completion_tokens"] = s.max_tokens
+        else:
+            p["max_tokens"] = s.max_tokens
+        if s.reasoning_effort is not None:
+            p["reasoning_effort"] = s.reasoning_effort
+        if not (self.official and s.reasoning_effort is not None):
+            p["temperature"] = s.temperature
+            if s.top_p is not None:
+                p["top_p"] = s.top_p
+        if s.presence_penalty is not None:
+            p["presence_penalty"] = s.presence_penalty
+        if s.stop:
+            p["stop"] = list(s.stop)
+        if s.top_k is not None:
+            extra["top_k"] = s.top_k
+        if s.enable_thinking is not None:
+            extra["chat_template_kwargs"] = {"enable_thinking": s.enable_thinking}
+        if self.worker.options.get("continue_final_message") and s.assistant_prefill:
+            extra.update(continue_final_message=True, add_generation_prompt=False)
+        extra.update(self.worker.options.get("extra_body") or {})
+        if extra:
+            p["extra_body"] = extra
+        return p
+
+    async def complete(self, messages: list[Message], *, sample_index: int = 0) -> Completion:
+        if self.worker.provider == "local" and not self._started:   # an embedded server reserved, not started
+            from conductor.local.process import ServerError
+            from conductor.local.servers import ensure_started
+
+            try:
+                await asyncio.to_thread(ensure_started, self.worker.base_url)
+            except ServerError as e:   # the model would not load: infrastructure, not the workflow's fault
+                raise ProviderError("permanent", f"worker {self.worker.name}: {e}") from None
+            self._started = True
+        s = self.worker.sampling
+        msgs = ([Message("system", s.system_prompt)] if s.system_prompt else []) + list(messages)
+        msgs = with_prefill(msgs, s.assistant_prefill)
+        wire = [{"role": m.role, "content": m.content} for m in msgs]
+        who = f"worker {self.worker.name}"
+        try:
+            r = await self.client.chat.completions.create(messages=wire, **self.params)  # type: ignore[arg-type]
+        except BaseException as e:  # noqa: BLE001 - classified, never swallowed
+            if isinstance(e, (KeyboardInterrupt, SystemExit)) or type(e).__name__ == "CancelledError":
+                raise
+            raise classify(e, who) from None
+        try:
+            choice = r.choices[0]
+            text = choice.message.content
+        except (AttributeError, IndexError, TypeError):
+            raise ProviderError("malformed", f"{who}: reply has no choices[0].message") from None
+        if not isinstance(text, (str, type(None))):
+            raise ProviderError("malformed", f"{who}: reply content is not text")
+        text = text or ""
+        usage = getattr(r, "usage", None)
+        if usage is not None and usage.prompt_tokens is not None:
+            in_tok, out_tok = int(usage.prompt_tokens), int(usage.completion_tokens or 0)
+        elif self.official:
+            raise ProviderError("malformed", f"{who}: reply has no usage")
+        else:   # some local servers omit usage: estimate so limits and cost stay meaningful
+            in_tok, out_tok = estimate_tokens("".join(m.content for m in msgs)), estimate_tokens(text)
+        return Completion(text, in_tok, out_tok, choice.finish_reason)
+
+    async def aclose(self) -> None:
+        await self.client.close()
+
+
+@register_provider("openai")
+def _openai(worker: Worker) -> OpenAIChat:
+    return OpenAIChat(worker)
+
+
+@register_provider("openai_compatible")
+def _compatible(worker: Worker) -> OpenAIChat:
+    return OpenAIChat(worker)
+
+
+@register_provider("local")
+def _local(worker: Worker) -> OpenAIChat:
+    return OpenAIChat(worker)

@@ -1,0 +1,321 @@
+"""SIMULATED workers: a stand-in pool whose skill per domain is a known number.
+
+This provider calls no model. Each simulated worker answers correctly with a
+configured probability per domain (``Worker.options.skills``), gets a boost
+when the messages it sees already hold a correct answer (``helped_by_context``),
+and otherwise writes a plausible wrong answer in the domain's format. It exists
+so the whole learning loop (rollouts -> GRPO -> evaluation -> promotion) can be
+tested and benchmarked on a CPU in minutes, against a pool where the best
+routing is known in advance.
+
+To be "correct" a simulated worker must know the gold answer. The rollout or
+evaluation code tells it through a process-wide registry
+(:func:`register_gold`), keyed by a hash of the question text, or through a
+JSONL side file named in ``options.gold_path`` (lines ``{"question", "gold",
+"domain"}``) for runs that span processes. The worker finds the question in
+the rendered messages (inside ``<overall_task>`` tags when present, otherwise
+by substring). Outcomes are deterministic given ``options.seed``, the worker
+name, the messages and ``sample_index`` (a SHA-256-seeded RNG).
+
+Example manifest entry::
+
+    - name: sim-mathwiz
+      provider: simulated
+      model: simulated-mathwiz
+      options: {skills: {math: 0.9, mcq: 0.3, default: 0.5}, helped_by_context: 0.15, seed: 0}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+import re
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from conductor.workers.providers.base import Completion, Message, ProviderError, register_provider
+
+if TYPE_CHECKING:
+    from conductor.workers.pool import Worker
+
+# Domain names other modules may use, folded onto the simulator's skill keys.
+DOMAIN_ALIASES = {
+    "multiple_choice": "mcq", "multiple-choice": "mcq", "mc": "mcq", "choice": "mcq",
+    "numeric": "math", "number": "math",
+}
+_LETTERS = "ABCDEFGHIJ"
+_TASK_RE = re.compile(r"<overall_task>\s*(.*?)\s*</overall_task>", re.S)
+
+
+@dataclass(frozen=True)
+class GoldRecord:
+    """What a simulated worker needs to know to answer a question right (or plausibly wrong)."""
+
+    gold: str
+    domain: str
+    dataset: str = ""
+    n_choices: int = 4
+
+
+class SimulatedOptions(BaseModel):
+    """``Worker.options`` for a simulated worker, validated so a typo is a clear error."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    skills: dict[str, Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]] = Field(default_factory=dict)
+    # ^ P(correct) per domain or dataset; key "default"
+    helped_by_context: float = Field(0.0, ge=-1, le=1)       # added to P(correct) if a correct answer is visible
+    seed: int = 0
+    latency_s: float = Field(0.0, ge=0)                      # fixed simulated latency per call
+    output_tokens: int | None = Field(None, gt=0)            # fixed usage; default: length of the text / 4
+    gold_path: str | None = None                             # JSONL side channel {"question","gold","domain"}
+    verbose: bool = True                                     # add a short fake "reasoning" line
+
+    def skill(self, domain: str, dataset: str = "") -> float:
+        """P(correct) before context help: dataset, then domain (and its alias), then default.
+
+        >>> SimulatedOptions(skills={"math": 0.9, "default": 0.4}).skill("numeric")
+        0.9
+        >>> SimulatedOptions(skills={"math": 0.9}).skill("mcq")
+        0.5
+        """
+        for key in (dataset, domain, DOMAIN_ALIASES.get(domain, domain)):
+            if key and key in self.skills:
+                return self.skills[key]
+        return self.skills.get("default", 0.5)
+
+
+# ------------------------------------------------------------------ gold registry
+
+_GOLD: dict[str, GoldRecord] = {}
+_GOLD_TEXT: dict[str, str] = {}          # key -> normalised question text, for substring lookup
+_FILES: dict[str, dict[str, GoldRecord]] = {}
+_LOCK = threading.Lock()
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.split())
+
+
+def question_key(question: str) -> str:
+    """Hash of the whitespace-normalised question text.
+
+    >>> question_key("What is  2+2?") == question_key("What is 2+2? ")
+    True
+    """
+    return hashlib.sha256(_norm(question).encode()).hexdigest()[:20]
+
+
+def register_gold(question: str, gold: str, domain: str, dataset: str = "", n_choices: int = 4) -> None:
+    """Tell simulated workers in this process the answer to ``question``."""
+    key = question_key(question)
+    with _LOCK:
+        _GOLD[key] = GoldRecord(str(gold), domain, dataset, n_choices)
+        _GOLD_TEXT[key] = _norm(question)
+
+
+def register_questions(rows: Iterable[Any]) -> int:
+    """Register many questions: objects or dicts with question/prompt, gold/answer and domain."""
+    n = 0
+    for r in rows:
+        get = r.get if isinstance(r, dict) else (lambda k, _r=r: getattr(_r, k, None))
+        q = get("question") or get("prompt")
+        g = get("gold") if get("gold") is not None else get("answer")
+        if q is None or g is None:
+            continue
+        choices = get("choices")
+        register_gold(q, g, get("domain") or "math", get("dataset") or "", len(choices) if choices else 4)
+        n += 1
+    return n
+
+
+def clear_gold() -> None:
+    with _LOCK:
+        _GOLD.clear()
+        _GOLD_TEXT.clear()
+
+
+def write_gold_file(path: str | Path, rows: Iterable[tuple[str, str, str]]) -> Path:
+    """Write the JSONL side channel (question, gold, domain) atomically."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for q, g, d in rows:
+            f.write(json.dumps({"question": q, "gold": g, "domain": d}) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def _load_file(path: str) -> dict[str, GoldRecord]:
+    with _LOCK:
+        if path in _FILES:
+            return _FILES[path]
+    out: dict[str, GoldRecord] = {}
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise ProviderError("permanent", f"simulated gold_path {path}: cannot read: {e.strerror or e}") from None
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            out[question_key(d["question"])] = GoldRecord(str(d["gold"]), d.get("domain", "math"),
+                                                          d.get("dataset", ""), int(d.get("n_choices", 4)))
+        except (ValueError, KeyError, TypeError) as e:
+            raise ProviderError("permanent", f"simulated gold_path {path}:{i}: bad line ({e})") from None
+    with _LOCK:
+        _FILES[path] = out
+    return out
+
+
+def lookup_gold(messages: list[Message], gold_path: str | None = None) -> GoldRecord | None:
+    """Find the question these messages are about and return its gold record."""
+    tables = [_GOLD] + ([_load_file(gold_path)] if gold_path else [])
+    text = "\n".join(m.content for m in messages)
+    for m in _TASK_RE.finditer(text):
+        key = question_key(m.group(1))
+        for t in tables:
+            if key in t:
+                return t[key]
+    flat = _norm(text)
+    with _LOCK:
+        candidates = list(_GOLD_TEXT.items())
+    best: tuple[int, str] | None = None
+    for key, q in candidates:       # longest registered question contained in the messages wins
+        if q and q in flat and (best is None or len(q) > best[0]):
+            best = (len(q), key)
+    if best:
+        return _GOLD[best[1]]
+    return None
+
+
+# ------------------------------------------------------------------ answers
+
+def _domain_kind(rec: GoldRecord) -> str:
+    d = DOMAIN_ALIASES.get(rec.domain, rec.domain)
+    if d == "mcq":
+        return "mcq"
+    if d == "code":
+        return "code"
+    return "math"
+
+
+def wrong_answer(rec: GoldRecord, rng: random.Random) -> str:
+    """A plausible wrong answer in the gold answer's own format.
+
+    >>> wrong_answer(GoldRecord("B", "mcq"), random.Random(0)) in {"A", "C", "D"}
+    True
+    >>> wrong_answer(GoldRecord("42", "math"), random.Random(0)) != "42"
+    True
+    """
+    gold = rec.gold.strip()
+    kind = _domain_kind(rec)
+    if kind == "mcq":
+        if len(gold) == 1 and gold.upper() in _LETTERS:
+            letters = [c for c in _LETTERS[: max(rec.n_choices, 2)] if c != gold.upper()]
+            return rng.choice(letters)
+        if gold.isdigit():
+            return str(rng.choice([i for i in range(max(rec.n_choices, 2)) if str(i) != gold]))
+        return gold + " (not)"
+    if kind == "code":
+        return "def solution(*args, **kwargs):\n    return None\n"
+    try:
+        value = float(gold.replace(",", ""))
+    except ValueError:
+        return f"{gold}+{rng.randint(1, 9)}"      # a LaTeX answer made wrong, still LaTeX
+    delta = rng.choice([-3, -2, -1, 1, 2, 3, 10])
+    out = value + delta if value == int(value) else value * rng.choice([0.5, 2.0, 1.1])
+    if out == int(out) and "." not in gold:
+        return str(int(out))
+    return f"{out:g}"
+
+
+def format_answer(answer: str, rec: GoldRecord) -> str:
+    """Write an answer the way a model would: code as a fenced block, others tagged and boxed."""
+    if _domain_kind(rec) == "code":
+        return f"```python\n{answer.rstrip()}\n```"
+    if _domain_kind(rec) == "mcq":
+        return f"The answer is ({answer}).\n<answer>{answer}</answer>"
+    return f"The final answer is $\\boxed{{{answer}}}$.\n<answer>{answer}</answer>"
+
+
+def _context_has_correct(messages: list[Message], rec: GoldRecord) -> bool:
+    """True if an earlier response visible in the messages already states the gold answer.
+
+    The question itself is cut out first: its format instruction may show an
+    example answer ("<answer>B</answer>") that must not count as help.
+
+    >>> q = "<overall_task>Pick one. e.g. <answer>B</answer></overall_task>"
+    >>> _context_has_correct([Message("user", q)], GoldRecord("B", "mcq"))
+    False
+    >>> _context_has_correct([Message("user", q + "<Agent 0 response><answer>B</answer>")], GoldRecord("B", "mcq"))
+    True
+    """
+    text = _TASK_RE.sub(" ", "\n".join(m.content for m in messages))
+    gold = rec.gold.strip()
+    if _domain_kind(rec) == "code":
+        return bool(gold) and gold[:80] in text
+    return f"<answer>{gold}</answer>" in text or f"\\boxed{{{gold}}}" in text
+
+
+# ------------------------------------------------------------------ provider
+
+class SimulatedProvider:
+    """One SIMULATED worker; ``complete`` is deterministic in (seed, worker, messages, sample_index)."""
+
+    def __init__(self, worker: Worker):
+        try:
+            self.options = SimulatedOptions.model_validate(worker.options)
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise ProviderError("permanent", f"worker {worker.name}: options.{where}: {err['msg']}") from None
+        self.worker = worker
+        self.calls = 0
+
+    def probability(self, messages: list[Message], rec: GoldRecord) -> float:
+        p = self.options.skill(rec.domain, rec.dataset)
+        if _context_has_correct(messages, rec):
+            p += self.options.helped_by_context
+        return min(1.0, max(0.0, p))
+
+    def _rng(self, messages: list[Message], sample_index: int) -> random.Random:
+        h = hashlib.sha256()
+        h.update(f"{self.options.seed}\x1f{self.worker.name}\x1f{sample_index}".encode())
+        for m in messages:
+            h.update(f"\x1e{m.role}\x1f{m.content}".encode())
+        return random.Random(int.from_bytes(h.digest()[:8], "big"))
+
+    async def complete(self, messages: list[Message], *, sample_index: int = 0) -> Completion:
+        self.calls += 1
+        rec = lookup_gold(messages, self.options.gold_path)
+        if rec is None:
+            raise ProviderError("permanent", f"simulated worker {self.worker.name}: no gold answer registered "
+                                "for this question (call register_gold or set options.gold_path)")
+        rng = self._rng(messages, sample_index)
+        correct = rng.random() < self.probability(messages, rec)
+        answer = rec.gold.strip() if correct else wrong_answer(rec, rng)
+        body = format_answer(answer, rec)
+        if self.options.verbose:
+            body = f"[simulated {self.worker.name}] Working through the subtask step by step.\n{body}"
+        if self.options.latency_s:
+            await asyncio.sleep(self.options.latency_s)
+        in_tok = max(1, sum(len(m.content) for m in messages) // 4)
+        out_tok = self.options.output_tokens or max(1, len(body) // 4)
+        return Completion(text=body, input_tokens=in_tok, output_tokens=out_tok, finish_reason="stop")
+
+    async def aclose(self) -> None:
+        return None
+
+
+@register_provider("simulated")
+def _factory(worker: Worker) -> SimulatedProvider:
+    return SimulatedProvider(worker)
