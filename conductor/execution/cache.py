@@ -23,7 +23,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from conductor.workers.providers.base import Completion, Message, ProviderError
 from conductor.workers.secrets import redact
@@ -168,13 +168,21 @@ class ResponseCache:
         return self._pool.submit(lambda: self._conn().execute("SELECT COUNT(*) FROM responses").fetchone()[0]).result()
 
     def close(self) -> None:
-        def _close() -> None:
-            conn = getattr(self._local, "conn", None)
-            if conn is not None:
-                conn.close()
-                self._local.conn = None
-        try:
-            self._pool.submit(_close).result()
-        except RuntimeError:  # interpreter shutdown already stopped the pool; every write was committed
-            return
-        self._pool.shutdown(wait=True)
+        close_confined(self._pool, self._local)
+
+
+def close_confined(pool: Any, local: Any) -> None:
+    """Close a SQLite connection that lives on ``pool``'s one thread (``local.conn``), then stop the pool.
+
+    Shared by the response cache and the batch store: SQLite connections must be closed on their own thread.
+    """
+    def _close() -> None:
+        conn = getattr(local, "conn", None)
+        if conn is not None:
+            conn.close()
+            local.conn = None
+    try:
+        pool.submit(_close).result()
+    except RuntimeError:  # interpreter shutdown already stopped the pool; every write was committed
+        return
+    pool.shutdown(wait=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from conductor.execution.cache import close_confined
 from conductor.workers.secrets import redact
 
 T = TypeVar("T")
@@ -189,16 +190,7 @@ class BatchStore:
         return OpenBatch(batch_id, b[0], b[1], b[2], ids)
 
     def close(self) -> None:
-        def _close() -> None:
-            conn = getattr(self._local, "conn", None)
-            if conn is not None:
-                conn.close()
-                self._local.conn = None
-        try:
-            self._pool.submit(_close).result()
-        except RuntimeError:  # interpreter shutdown already stopped the pool; every write was committed
-            return
-        self._pool.shutdown(wait=True)
+        close_confined(self._pool, self._local)
 
 
 class _tx:

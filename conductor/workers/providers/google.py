@@ -44,14 +44,18 @@ class GeminiGenerate:
             cfg["thinking_config"] = types.ThinkingConfig(thinking_budget=s.thinking_budget)
         self.base_config = cfg
 
-    async def complete(self, messages: list[Message], *, sample_index: int = 0) -> Completion:
+    def request(self, messages: list[Message]) -> tuple[list[Any], Any]:
+        """(contents, config) of one call; the batch adapter builds its inlined requests from the same."""
         t = self.types
         s = self.worker.sampling
         system, rest = split_system(messages, s.system_prompt)
         rest = with_prefill(rest, s.assistant_prefill)
         contents = [t.Content(role="model" if m.role == "assistant" else "user", parts=[t.Part(text=m.content)])
                     for m in rest]
-        config = t.GenerateContentConfig(system_instruction=system, **self.base_config)
+        return contents, t.GenerateContentConfig(system_instruction=system, **self.base_config)
+
+    async def complete(self, messages: list[Message], *, sample_index: int = 0) -> Completion:
+        contents, config = self.request(messages)
         who = f"worker {self.worker.name}"
         try:
             r = await self.client.aio.models.generate_content(model=self.worker.model, contents=contents, config=config)

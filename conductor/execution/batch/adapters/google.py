@@ -13,7 +13,7 @@ from typing import Any
 from conductor.execution.batch.adapters.base import BatchCompletion, BatchRequest, Outcome, Poll, register_batch_adapter
 from conductor.workers.providers.base import Message
 from conductor.workers.providers.google import _FINISH
-from conductor.workers.providers.shared import classify, kind_for_status, split_system, with_prefill
+from conductor.workers.providers.shared import classify, kind_for_status
 
 _ENDED = frozenset({"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED",
                     "JOB_STATE_PARTIALLY_SUCCEEDED"})
@@ -23,14 +23,8 @@ _GRPC_KIND = {1: "cancelled", 2: "server", 3: "permanent", 4: "expired", 5: "per
 
 
 def inlined_request(provider: Any, custom_id: str, messages: list[Message]) -> Any:
-    t = provider.types
-    s = provider.worker.sampling
-    system, rest = split_system(messages, s.system_prompt)
-    rest = with_prefill(rest, s.assistant_prefill)
-    contents = [t.Content(role="model" if m.role == "assistant" else "user", parts=[t.Part(text=m.content)])
-                for m in rest]
-    config = t.GenerateContentConfig(system_instruction=system, **provider.base_config)
-    return t.InlinedRequest(contents=contents, config=config, metadata={"custom_id": custom_id})
+    contents, config = provider.request(messages)
+    return provider.types.InlinedRequest(contents=contents, config=config, metadata={"custom_id": custom_id})
 
 
 def parse_response(r: Any) -> Outcome:
