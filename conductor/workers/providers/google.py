@@ -64,17 +64,10 @@ class GeminiGenerate:
                 raise
             raise classify(e, who) from None
         try:
-            cands = r.candidates or []
-            parts = (cands[0].content.parts or []) if cands and cands[0].content else []
-            text = "".join(p.text or "" for p in parts if not getattr(p, "thought", False))
-            u = r.usage_metadata
-            in_tok = int(u.prompt_token_count or 0)
-            out_tok = int(u.candidates_token_count or 0) + int(u.thoughts_token_count or 0)
-            finish = cands[0].finish_reason if cands else None
-        except (AttributeError, TypeError, ValueError, IndexError):
-            raise ProviderError("malformed", f"{who}: reply lacks candidates or usage_metadata") from None
-        fname = getattr(finish, "value", finish)
-        return Completion(text, in_tok, out_tok, _FINISH.get(str(fname), str(fname).lower() if fname else None))
+            text, in_tok, out_tok, _cached, reason = read_reply(r)
+        except ValueError as e:
+            raise ProviderError("malformed", f"{who}: {e}") from None
+        return Completion(text, in_tok, out_tok, reason)
 
     async def aclose(self) -> None:
         try:
@@ -86,3 +79,21 @@ class GeminiGenerate:
 @register_provider("google")
 def _google(worker: Worker) -> GeminiGenerate:
     return GeminiGenerate(worker)
+
+
+def read_reply(r: Any) -> tuple[str, int, int, int, str | None]:
+    """(text without thoughts, input tokens, output tokens with thoughts, cached input tokens, finish reason) of
+    a ``GenerateContentResponse``; shared by calls and batch results. ValueError when the reply is malformed."""
+    try:
+        cands = r.candidates or []
+        parts = (cands[0].content.parts or []) if cands and cands[0].content else []
+        text = "".join(p.text or "" for p in parts if not getattr(p, "thought", False))
+        u = r.usage_metadata
+        in_tok = int(u.prompt_token_count or 0)
+        out_tok = int(u.candidates_token_count or 0) + int(u.thoughts_token_count or 0)
+        cached = int(getattr(u, "cached_content_token_count", None) or 0)
+        finish = cands[0].finish_reason if cands else None
+    except (AttributeError, TypeError, ValueError, IndexError):
+        raise ValueError("reply lacks candidates or usage_metadata") from None
+    fname = getattr(finish, "value", finish)
+    return text, in_tok, out_tok, cached, _FINISH.get(str(fname), str(fname).lower() if fname else None)

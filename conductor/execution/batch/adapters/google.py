@@ -12,7 +12,7 @@ from typing import Any
 
 from conductor.execution.batch.adapters.base import BatchCompletion, BatchRequest, Outcome, Poll, register_batch_adapter
 from conductor.workers.providers.base import Message
-from conductor.workers.providers.google import _FINISH
+from conductor.workers.providers.google import read_reply
 from conductor.workers.providers.shared import classify, kind_for_status
 
 _ENDED = frozenset({"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED",
@@ -29,18 +29,9 @@ def inlined_request(provider: Any, custom_id: str, messages: list[Message]) -> A
 
 def parse_response(r: Any) -> Outcome:
     try:
-        cands = r.candidates or []
-        parts = (cands[0].content.parts or []) if cands and cands[0].content else []
-        text = "".join(p.text or "" for p in parts if not getattr(p, "thought", False))
-        u = r.usage_metadata
-        in_tok = int(u.prompt_token_count or 0)
-        out_tok = int(u.candidates_token_count or 0) + int(u.thoughts_token_count or 0)
-        cached = int(getattr(u, "cached_content_token_count", None) or 0)
-        finish = cands[0].finish_reason if cands else None
-    except (AttributeError, TypeError, ValueError, IndexError):
-        return Outcome.failed("malformed", "reply lacks candidates or usage_metadata")
-    fname = getattr(finish, "value", finish)
-    reason = _FINISH.get(str(fname), str(fname).lower() if fname else None)
+        text, in_tok, out_tok, cached, reason = read_reply(r)
+    except ValueError as e:
+        return Outcome.failed("malformed", str(e))
     return Outcome(BatchCompletion(text, in_tok, out_tok, reason, cached_input_tokens=cached))
 
 
