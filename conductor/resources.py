@@ -4,7 +4,7 @@ project (``flows/``, ``tasks/``), in a checkout or inside an installed wheel.
 WHY: the code used to find ``data/`` beside the ``conductor`` package or in the working directory, so an
 installed wheel could not find its own defaults. A checkout keeps the top-level layout (``data/``, ``flows/``,
 ``tasks/`` beside ``conductor/``); the wheel carries the same three directories inside the package, under
-``conductor/_project/`` (see ``[tool.setuptools.package-dir]`` in pyproject.toml), found with
+``conductor/_project/`` (the package mapping in setup.py), found with
 ``importlib.resources``. Either way ``project_root()`` is the directory that holds them.
 """
 
