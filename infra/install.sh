@@ -90,6 +90,23 @@ STAMPS="$HOME_DIR/install-stamps"
 ENV_KEY="$(printf '%s %s' "$(command -v "$PY")" "$(pwd)" | sha256sum | cut -c1-16)"
 WANT="$(cat pyproject.toml requirements.lock 2>/dev/null | sha256sum | cut -d' ' -f1) $(command -v "$PY") $(pwd)"
 stamp_ok() { [ -f "$STAMPS/$ENV_KEY.$1" ] && [ "$(cat "$STAMPS/$ENV_KEY.$1")" = "$WANT" ]; }
+
+# This project was distributed as 'conductor' before it became 'conductor-orchestra'. pip does not remove the
+# old distribution on the rename, and its editable finder keeps mapping top-level 'flows' and 'tasks' (and a
+# second 'conductor') into whatever checkout it was installed from. Remove it (only if its metadata is ours),
+# then install afresh, since the uninstall also takes the shared `conductor` console script.
+if "$PY" -c "
+import importlib.metadata as m, sys
+try:
+    meta = m.metadata('conductor')
+except m.PackageNotFoundError:
+    sys.exit(1)
+sys.exit(0 if (meta['Summary'] or '').startswith('Train and run a small conductor model') else 1)" 2>/dev/null; then
+  echo "removing the legacy 'conductor' distribution of this project (now 'conductor-orchestra')"
+  "$PY" -m pip uninstall -y -q conductor
+  rm -f "$STAMPS/$ENV_KEY".*
+fi
+
 if { stamp_ok all || { [ "$PROFILE" = answer ] && stamp_ok answer; }; } && "$PY" -c "import conductor, typer" 2>/dev/null; then
   echo "dependencies already installed ($PROFILE profile; stamp $STAMPS/$ENV_KEY.*)"
 else
