@@ -26,6 +26,7 @@ from typing import Any
 
 from prefect import get_run_logger
 
+from conductor.run.overlap import Serialized, one_ahead
 from conductor.run.pipeline import RunSpec
 from tasks.batch import execute_waves_task
 from tasks.lake import committed_task, write_shard_task
@@ -86,7 +87,8 @@ def batch_mode(batch: bool, poll_s: float, pool: Any) -> BatchMode | None:
 
 def run_shards(todo: Shards, spec: RunSpec, lake: str, policy: Any, executor: Any, on_done: Any = None,
                scheme: Any = None, *, batch: BatchMode | None = None, record_failures: bool = True) -> int:
-    """Run and commit each pending shard in order; returns how many trajectories were written.
+    """Run and commit each pending shard in order, the conductor one shard ahead of the workers; returns how
+    many trajectories were written.
 
     When the conductor's endpoint fails, the shard's questions are committed as infra-failed (a rerun
     retries them; ``record_failures=False``: the error propagates instead); after ``MAX_CONDUCTOR_FAILURES``
@@ -94,12 +96,20 @@ def run_shards(todo: Shards, spec: RunSpec, lake: str, policy: Any, executor: An
     waiting on a dead endpoint. With ``batch``, every generated shard executes together, in waves.
     """
     tally = [0]
-    generated = _generated(todo, spec, lake, policy, on_done, tally, record_failures)
-    if batch is None:
-        for sid, sq, trajs in generated:
+    if batch is None:   # shard k+1's workflows are written while shard k executes (conductor/run/overlap.py)
+        policy = Serialized(policy)
+        for sid, sq, trajs, failed in one_ahead(_generated(todo, spec, lake, policy, on_done, record_failures)):
+            if failed:       # committed as infra-failed by the generation stage
+                tally[0] += len(trajs)
+                continue
             _commit(sid, sq, execute_shard(trajs, spec, executor, policy, on_done), spec, lake, scheme, tally)
         return tally[0]
-    planned = list(generated)
+    planned = []
+    for sid, sq, trajs, failed in _generated(todo, spec, lake, policy, on_done, record_failures):
+        if failed:
+            tally[0] += len(trajs)
+        else:
+            planned.append((sid, sq, trajs))
     everything = [t for _, _, trajs in planned for t in trajs]
     if everything:
         _execute_in_waves(everything, spec, executor, policy, on_done, batch)
@@ -117,20 +127,20 @@ def fan_out_shards(todo: Shards, spec: RunSpec, lake: str, conductor: str, cache
     return sum(f.result() for f in futures)
 
 
-def _generated(todo: Shards, spec: RunSpec, lake: str, policy: Any, on_done: Any, tally: list[int],
-               record_failures: bool) -> Iterator[tuple[str, Sequence[Any], list[Any]]]:
-    """Plan and generate shard after shard: (shard id, questions, trajectories) for each that generated."""
+def _generated(todo: Shards, spec: RunSpec, lake: str, policy: Any, on_done: Any,
+               record_failures: bool) -> Iterator[tuple[str, Sequence[Any], list[Any], bool]]:
+    """Plan and generate shard after shard: (shard id, questions, trajectories, whether the conductor failed
+    and the shard is already committed as infra-failed)."""
     failures = 0
     for n, (sid, sq) in enumerate(todo):
         if not record_failures:
-            yield sid, sq, generate_shard(plan_shard(sq, spec, sid), policy, spec)
+            yield sid, sq, generate_shard(plan_shard(sq, spec, sid), policy, spec), False
             continue
         trajs, error = generate_or_record(sid, sq, spec, lake, policy, on_done)
+        yield sid, sq, trajs, error is not None
         if error is None:
             failures = 0
-            yield sid, sq, trajs
             continue
-        tally[0] += len(trajs)
         failures += 1
         if failures >= MAX_CONDUCTOR_FAILURES or error.kind == "auth":
             get_run_logger().warning("%s: stopping; %d shards left for a rerun", error.kind, len(todo) - n - 1)

@@ -114,3 +114,46 @@ def test_one_trajectory_that_raises_does_not_sink_the_shard():
     assert sorted(done) == ["e0", "e1", "e2"]
     assert out[1].infra_failed and out[1].infra_cause.startswith("executor: ValueError: trajectory")
     assert not out[0].infra_failed and not out[2].infra_failed and out[0].final_answer and out[2].calls
+
+
+def test_the_conductor_writes_the_next_shard_while_the_workers_execute_this_one(tmp_path):
+    """Shard 1's execution waits (up to 10 s) until shard 2's generation has started: only an overlapped loop
+    lets it through at once; run one stage after the other, every wait would time out."""
+    import threading
+
+    from prefect import flow
+
+    from conductor.execution.executor import Executor
+    from conductor.lake.reader import scan
+    from flows.shards import run_shards
+
+    second_generation = threading.Event()
+    threads: list[str] = []
+
+    class Recording(ScriptedConductor):
+        def generate(self, prompts, n, params):
+            threads.append(threading.current_thread().name)
+            if len(threads) == 2:
+                second_generation.set()
+            return super().generate(prompts, n, params)
+
+    waited: list[bool] = []
+
+    def on_done(t):
+        if t.question_id in ("o0", "o1"):                     # shard 1
+            waited.append(second_generation.wait(10))
+
+    qs = [Question(id=f"o{i}", dataset="t", domain="math", prompt=f"What is {i}*3?", gold=str(3 * i)) for i in range(4)]
+    spec = pipeline.RunSpec(run_id="overlap", kind="answer", pool=load_pool(SIM_POOL))
+    lake = str(tmp_path / "lake")
+    policy = Recording(["model_id = [0]\nsubtasks = ['Solve it.']\naccess_list = [[]]"])
+
+    @flow(persist_result=False)
+    def two_shards() -> int:
+        return run_shards([("s1", qs[:2]), ("s2", qs[2:])], spec, lake, policy, Executor(), on_done)
+
+    assert two_shards() == 4
+    assert waited == [True, True]
+    assert threads and all(name.startswith("one-ahead") for name in threads)   # generation left the flow's thread
+    df = scan(lake).collect()
+    assert sorted(df["question_id"]) == ["o0", "o1", "o2", "o3"] and set(df["parse_status"]) == {"ok"}

@@ -105,8 +105,10 @@ def conductor_server_url(servers: EmbeddedServers, model: str) -> str:
     WHY its own: llama.cpp keeps the KV cache of the previous prompt and re-reads only what differs. The
     conductor's prompts share ~900 tokens of instructions and examples (question last), so consecutive
     conductor calls prefill only the question, unless a worker prompt ran on the same server in between,
-    which is what sharing the 1.5B worker's server did. It uses every core: during a shard's generation
-    stage no worker runs. Costs one more copy of the model in memory (~1.1 GB for the 1.5B).
+    which is what sharing the 1.5B worker's server did. It gets the threads of a worker server (all cores but
+    one), not every core: it writes shard k+1's workflows while the workers execute shard k
+    (conductor/run/overlap.py), and two servers spinning on more threads than cores slow each other down
+    several-fold. Costs one more copy of the model in memory (~1.1 GB for the 1.5B).
 
     The informed prompt puts the question's domain's examples first, so each domain has its own prefix: the
     first question of a shard whose domain differs from the previous shard's re-reads the examples (~700
@@ -115,9 +117,9 @@ def conductor_server_url(servers: EmbeddedServers, model: str) -> str:
     measured here, the server grew to 8.3 GB within 5 questions. So no ``--cache``.
     """
     from conductor.local.embedded import spec_for
-    from conductor.local.process import ServerSettings
+    from conductor.local.process import ServerSettings, default_threads
 
-    settings = ServerSettings(n_ctx=spec_for(model).n_ctx, n_threads=os.cpu_count() or 1)
+    settings = ServerSettings(n_ctx=spec_for(model).n_ctx, n_threads=default_threads())
     return servers.reserve(model, alias=f"conductor-{model}", settings=settings)
 
 

@@ -1,0 +1,68 @@
+"""Overlap the conductor's next shard with the workers' current one.
+
+WHY: a shard's two stages use different machines, or on one small machine different servers: the conductor
+writes workflows (its own llama.cpp server or vLLM on the GPU), then the workers execute them (worker
+servers, provider APIs). Run one after the other, each stage leaves the other's hardware idle. ``one_ahead``
+produces the next item of a generator on a background thread while the caller works on the current one, so
+shard k+1's workflows are written while shard k's execute. Results are unchanged: generating a shard never
+depends on an earlier shard's execution. ``Serialized`` keeps a policy to one call at a time when the
+executing stage also calls it (recursion rounds), since in-process engines are not thread-safe.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+_END = object()
+
+
+def one_ahead(items: Iterator[T]) -> Iterator[T]:
+    """Yield ``items`` in order, computing the next one on a background thread while the caller holds this one.
+
+    The background thread runs in a copy of the caller's context (Prefect's flow run context included). An
+    exception raised while producing an item is raised to the caller in its place. If the caller stops early,
+    an item already being produced is left to finish on its own; no further one is started.
+
+    >>> import threading
+    >>> started = threading.Event()
+    >>> def shards():
+    ...     yield 0
+    ...     started.set()          # shard 1 is under way
+    ...     yield 1
+    >>> [started.wait(5) for _ in one_ahead(shards())]   # holding 0, the caller sees 1 start (a plain loop: False)
+    [True, True]
+    >>> list(one_ahead(iter([])))
+    []
+    """
+    context = contextvars.copy_context()
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="one-ahead")
+    try:
+        pending = pool.submit(context.run, next, items, _END)
+        while True:
+            item = pending.result()
+            if item is _END:
+                return
+            pending = pool.submit(context.run, next, items, _END)
+            yield item
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+class Serialized:
+    """A policy that serves one ``generate`` at a time; every other attribute is the wrapped policy's."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self._lock = threading.Lock()
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return self.inner.generate(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
