@@ -155,14 +155,15 @@ _ROLE = re.compile(r"\{([a-z_]+)\}")
 
 def role_ordinals(subpool: SubPool) -> dict[str, int]:
     """Which ordinal plays each role in this sub-pool: declared ``roles`` first, ``python`` for the python
-    tool, and ``reasoner`` falling back to the first language model.
+    tool, ``reasoner`` falling back to the first language model and ``reporter`` (who states a result already
+    worked out) to the reasoner.
 
     >>> from conductor.workers.pool import Pool
     >>> pool = Pool.model_validate({"pool_id": "p", "workers": [
     ...     {"name": "tiny", "provider": "simulated", "model": "t"},
     ...     {"name": "big", "provider": "simulated", "model": "b", "roles": ["reasoner"]}]})
     >>> role_ordinals(pool.full())
-    {'reasoner': 1}
+    {'reasoner': 1, 'reporter': 1}
     """
     found: dict[str, int] = {}
     for i, w in enumerate(subpool.workers):
@@ -173,6 +174,8 @@ def role_ordinals(subpool: SubPool) -> dict[str, int]:
     first_lm = next((i for i in range(len(subpool)) if i not in subpool.tool_ordinals), None)
     if "reasoner" not in found and first_lm is not None:
         found["reasoner"] = first_lm
+    if "reporter" not in found and "reasoner" in found:
+        found["reporter"] = found["reasoner"]
     return found
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from prefect import get_run_logger
 
-from conductor.run.overlap import Serialized, one_ahead
+from conductor.run.overlap import Serialized, generation_batch, one_ahead
 from conductor.run.pipeline import RunSpec
 from tasks.batch import execute_waves_task
 from tasks.lake import committed_task, write_shard_task
@@ -96,24 +96,27 @@ def run_shards(todo: Shards, spec: RunSpec, lake: str, policy: Any, executor: An
     waiting on a dead endpoint. With ``batch``, every generated shard executes together, in waves.
     """
     tally = [0]
-    if batch is None:   # shard k+1's workflows are written while shard k executes (conductor/run/overlap.py)
+    if batch is None:   # the conductor writes the next piece while the workers execute this one (overlap.py)
         policy = Serialized(policy)
-        for sid, sq, trajs, failed in one_ahead(_generated(todo, spec, lake, policy, on_done, record_failures)):
-            if failed:       # committed as infra-failed by the generation stage
-                tally[0] += len(trajs)
-                continue
-            _commit(sid, sq, execute_shard(trajs, spec, executor, policy, on_done), spec, lake, scheme, tally)
+        executed: dict[str, list[Any]] = {}
+        pieces = _generated(todo, spec, lake, policy, on_done, record_failures, generation_batch(policy))
+        for sid, sq, trajs, failed, last in one_ahead(pieces):
+            if not failed:
+                trajs = execute_shard(trajs, spec, executor, policy, on_done)
+            executed.setdefault(sid, []).extend(trajs)
+            if last:
+                _commit(sid, sq, executed.pop(sid), spec, lake, scheme, tally)
         return tally[0]
-    planned = []
-    for sid, sq, trajs, failed in _generated(todo, spec, lake, policy, on_done, record_failures):
+    planned: dict[str, tuple[Sequence[Any], list[Any]]] = {}
+    for sid, sq, trajs, failed, _ in _generated(todo, spec, lake, policy, on_done, record_failures, None):
         if failed:
-            tally[0] += len(trajs)
+            _commit(sid, sq, trajs, spec, lake, scheme, tally)
         else:
-            planned.append((sid, sq, trajs))
-    everything = [t for _, _, trajs in planned for t in trajs]
+            planned[sid] = (sq, trajs)
+    everything = [t for _, trajs in planned.values() for t in trajs]
     if everything:
         _execute_in_waves(everything, spec, executor, policy, on_done, batch)
-    for sid, sq, trajs in planned:
+    for sid, (sq, trajs) in planned.items():
         _commit(sid, sq, trajs, spec, lake, scheme, tally)
     return tally[0]
 
@@ -127,24 +130,36 @@ def fan_out_shards(todo: Shards, spec: RunSpec, lake: str, conductor: str, cache
     return sum(f.result() for f in futures)
 
 
-def _generated(todo: Shards, spec: RunSpec, lake: str, policy: Any, on_done: Any,
-               record_failures: bool) -> Iterator[tuple[str, Sequence[Any], list[Any], bool]]:
-    """Plan and generate shard after shard: (shard id, questions, trajectories, whether the conductor failed
-    and the shard is already committed as infra-failed)."""
+def _generated(todo: Shards, spec: RunSpec, lake: str, policy: Any, on_done: Any, record_failures: bool,
+               piece: int | None) -> Iterator[tuple[str, Sequence[Any], list[Any], bool, bool]]:
+    """Plan each shard and generate it ``piece`` questions at a time (None: whole): (shard id, its questions,
+    the piece's trajectories, whether the conductor failed on them, whether the shard is complete with it).
+    When the conductor fails, the rest of the shard comes as one piece marked infra-failed (a rerun retries
+    it); after ``MAX_CONDUCTOR_FAILURES`` failures in a row, or one refused key, the run stops generating."""
+    from conductor.policy.openai_backend import EndpointError
+
     failures = 0
     for n, (sid, sq) in enumerate(todo):
-        if not record_failures:
-            yield sid, sq, generate_shard(plan_shard(sq, spec, sid), policy, spec), False
-            continue
-        trajs, error = generate_or_record(sid, sq, spec, lake, policy, on_done)
-        yield sid, sq, trajs, error is not None
-        if error is None:
-            failures = 0
-            continue
-        failures += 1
-        if failures >= MAX_CONDUCTOR_FAILURES or error.kind == "auth":
-            get_run_logger().warning("%s: stopping; %d shards left for a rerun", error.kind, len(todo) - n - 1)
-            return
+        trajs = plan_shard(sq, spec, sid)
+        size = max(1, (piece or len(sq)) * spec.samples)
+        for start in range(0, len(trajs), size):
+            part, last = trajs[start:start + size], start + size >= len(trajs)
+            try:
+                yield sid, sq, generate_shard(part, policy, spec), False, last
+                failures = 0
+            except EndpointError as e:
+                if not record_failures:
+                    raise
+                rest = trajs[start:]
+                _mark_failed(rest, f"conductor: {e}", on_done)
+                get_run_logger().warning("%s shard %s: conductor failed, %d trajectories recorded as infra-failed: %s",
+                                         spec.kind, sid, len(rest), e)
+                yield sid, sq, rest, True, True
+                failures += 1
+                if failures >= MAX_CONDUCTOR_FAILURES or e.kind == "auth":
+                    get_run_logger().warning("%s: stopping; %d shards left for a rerun", e.kind, len(todo) - n - 1)
+                    return
+                break
 
 
 def _commit(sid: str, sq: Sequence[Any], trajs: list[Any], spec: RunSpec, lake: str, scheme: Any,
@@ -176,23 +191,6 @@ def _execute_in_waves(trajs: list[Any], spec: RunSpec, executor: Any, policy: An
                               or "no batches")
     finally:
         bex.store.close()
-
-
-def generate_or_record(sid: str, sq: Sequence[Any], spec: RunSpec, lake: str, policy: Any,
-                       on_done: Any = None) -> tuple[list[Any], Any]:
-    """Plan and generate one shard: (trajectories, None), or, when the conductor's endpoint fails, the shard
-    committed as infra-failed (a rerun retries it) and (its trajectories, the EndpointError)."""
-    from conductor.policy.openai_backend import EndpointError
-
-    trajs = plan_shard(sq, spec, sid)
-    try:
-        return generate_shard(trajs, policy, spec), None
-    except EndpointError as e:
-        _mark_failed(trajs, f"conductor: {e}", on_done)
-        write_shard_task(lake, trajs, sid)
-        get_run_logger().warning("%s shard %s: conductor failed, %d trajectories recorded as infra-failed: %s",
-                                 spec.kind, sid, len(trajs), e)
-        return trajs, e
 
 
 def _mark_failed(trajs: list[Any], cause: str, on_done: Any) -> None:

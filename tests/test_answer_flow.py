@@ -157,3 +157,72 @@ def test_the_conductor_writes_the_next_shard_while_the_workers_execute_this_one(
     assert threads and all(name.startswith("one-ahead") for name in threads)   # generation left the flow's thread
     df = scan(lake).collect()
     assert sorted(df["question_id"]) == ["o0", "o1", "o2", "o3"] and set(df["parse_status"]) == {"ok"}
+
+
+def test_a_one_prompt_conductor_is_fed_one_question_at_a_time_and_shards_commit_whole(tmp_path):
+    from prefect import flow
+
+    from conductor.execution.executor import Executor
+    from conductor.lake.reader import scan
+    from flows.shards import run_shards
+
+    batches: list[int] = []
+
+    class OnePrompt(ScriptedConductor):
+        generation_batch = 1
+
+        def generate(self, prompts, n, params):
+            batches.append(len(prompts))
+            return super().generate(prompts, n, params)
+
+    qs = [Question(id=f"p{i}", dataset="t", domain="math", prompt=f"What is {i}*3?", gold=str(3 * i)) for i in range(5)]
+    spec = pipeline.RunSpec(run_id="pieces", kind="answer", pool=load_pool(SIM_POOL))
+    lake = str(tmp_path / "lake")
+    policy = OnePrompt(["model_id = [0]\nsubtasks = ['Solve it.']\naccess_list = [[]]"])
+
+    @flow(persist_result=False)
+    def two_shards() -> int:
+        return run_shards([("s1", qs[:3]), ("s2", qs[3:])], spec, lake, policy, Executor())
+
+    assert two_shards() == 5
+    assert batches == [1, 1, 1, 1, 1]
+    files = sorted((tmp_path / "lake" / "trajectories").rglob("*.parquet"))
+    assert len(files) == 2                                   # one file per shard, not per piece
+    df = scan(lake).collect()
+    assert sorted(df["question_id"]) == [f"p{i}" for i in range(5)] and df["correct"].null_count() == 0
+
+
+def test_a_conductor_that_dies_mid_shard_keeps_the_answered_piece_and_records_the_rest(tmp_path):
+    from prefect import flow
+
+    from conductor.execution.executor import Executor
+    from conductor.lake.reader import scan
+    from conductor.policy.openai_backend import EndpointError
+    from flows.shards import run_shards
+
+    class DiesAfterOne(ScriptedConductor):
+        generation_batch = 1
+        calls = 0
+
+        def generate(self, prompts, n, params):
+            self.calls += 1
+            if self.calls > 1:
+                raise EndpointError("down", "conductor endpoint http://127.0.0.1:9/v1: connection refused")
+            return super().generate(prompts, n, params)
+
+    qs = [Question(id=f"d{i}", dataset="t", domain="math", prompt=f"What is {i}*3?", gold=str(3 * i)) for i in range(6)]
+    spec = pipeline.RunSpec(run_id="dies", kind="answer", pool=load_pool(SIM_POOL))
+    lake = str(tmp_path / "lake")
+    policy = DiesAfterOne(["model_id = [0]\nsubtasks = ['Solve it.']\naccess_list = [[]]"])
+
+    @flow(persist_result=False)
+    def three_shards() -> int:
+        return run_shards([("s1", qs[:3]), ("s2", qs[3:5]), ("s3", qs[5:])], spec, lake, policy, Executor())
+
+    assert three_shards() == 5              # s1 (one answered, two failed) and s2 (failed); then it stops
+    df = scan(lake).collect().sort("question_id")
+    assert df["question_id"].to_list() == ["d0", "d1", "d2", "d3", "d4"]
+    assert df["infra_failed"].to_list() == [False, True, True, True, True]
+    assert df["correct"].to_list()[0] is not None and df["reward"].to_list()[1:] == [None] * 4
+    assert all(c.startswith("conductor: ") for c in df["infra_cause"].to_list()[1:])
+    assert len(sorted((tmp_path / "lake" / "trajectories").rglob("*.parquet"))) == 2

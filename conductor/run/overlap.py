@@ -66,3 +66,26 @@ class Serialized:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+def generation_batch(policy: Any) -> int | None:
+    """How many questions ``policy`` is given per generation call in an overlapped run; None: a whole shard.
+
+    A policy says so with a ``generation_batch`` attribute (wrappers are looked through via ``.inner``). A
+    batching engine (vLLM) wants whole shards; a server that generates one prompt at a time (the embedded
+    llama.cpp conductor) gains nothing from a batch, and a smaller piece lets the workers start sooner.
+
+    >>> class Endpoint:
+    ...     generation_batch = 1
+    >>> class Wrapper:
+    ...     def __init__(self, inner): self.inner = inner
+    >>> generation_batch(Wrapper(Serialized(Endpoint()))), generation_batch(Wrapper(object()))
+    (1, None)
+    """
+    seen = 0
+    while policy is not None and seen < 16:
+        value = getattr(policy, "generation_batch", None)
+        if isinstance(value, int):
+            return value
+        policy, seen = getattr(policy, "inner", None), seen + 1
+    return None

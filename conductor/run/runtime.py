@@ -13,7 +13,7 @@ import functools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from conductor.execution.executor import Executor
@@ -130,6 +130,9 @@ class StartOnUse:
 
     inner: PolicyBackend
     base_url: str
+    # llama.cpp's server generates one prompt at a time: a question's workflow can execute while the next is
+    # written (conductor/run/overlap.py)
+    generation_batch: ClassVar[int] = 1
 
     @property
     def name(self) -> str:
