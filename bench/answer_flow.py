@@ -4,8 +4,10 @@ Every run is the real `conductor answer` in a subprocess (Prefect flow, the embe
 on first use, conductor generation, the rate-limited executor, grading, lake, report), so the figures include
 everything a user waits for. In one invocation, on the same questions:
 
-- conductor cold: the default conductor (the untrained embedded one unless a champion exists), fresh output
-  directory and response cache;
+- conductor first run: the default conductor (the untrained embedded one unless a champion exists), fresh
+  output directory and response cache, and no saved prompt prefixes (as on a new machine);
+- conductor cold: the same, except that the first run's saved prompt prefixes are there (as on every later
+  run: conductor/local/prefix_cache.py);
 - single cold: `--conductor fixed:0` (Qwen2.5-Coder-1.5B answers alone: the best local worker), fresh cache;
 - warm: the conductor run again under a new run id and output directory, reading the cold run's cache: with a
   seeded conductor every generation and every worker call is a cache hit (conductor/policy/cached.py);
@@ -19,7 +21,8 @@ machine's measured llama.cpp prefill and decode rates for the 1.5B.
     python bench/answer_flow.py --questions gsm8k_test:2,mmlu_stem:2      # a quick look
 
 Last line: ``conductor_s_per_question=<x> single_s_per_question=<y> ratio=<x/y> cold_questions_per_min=<c>
-warm_questions_per_min=<w> warm_speedup=<w/c> conductor_accuracy=<a> single_accuracy=<b> resume_s=<s>``.
+warm_questions_per_min=<w> warm_speedup=<w/c> conductor_accuracy=<a> single_accuracy=<b> resume_s=<s>
+first_run_s_per_question=<f>``.
 """
 
 from __future__ import annotations
@@ -39,11 +42,14 @@ sys.path.insert(0, str(ROOT))
 BIG = "qwen2.5-coder-1.5b-instruct"
 
 
-def _answer(questions: str, out: Path, run_id: str, extra: list[str], cache: Path | None = None) -> tuple[float, dict]:
+def _answer(questions: str, out: Path, run_id: str, extra: list[str], cache: Path | None = None,
+            prefixes: Path | None = None) -> tuple[float, dict]:
     cmd = [sys.executable, "-m", "conductor.cli", "answer", questions, "--out", str(out), "--run-id", run_id, *extra]
     if cache is not None:
         cmd += ["--cache", str(cache)]
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    if prefixes is not None:
+        env["CONDUCTOR_PREFIX_CACHE"] = str(prefixes)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -70,9 +76,10 @@ def llama_rates(threads: int) -> tuple[float, float]:
     return prefill, decode
 
 
-def token_budget(lake: Path, run_id: str) -> dict[str, float]:
-    """Per question: conductor prefill beyond the prefix shared with the previous prompt, conductor decode,
-    1.5B worker prefill/decode, and the seconds of calls to other workers (smaller models, the python tool)."""
+def token_budget(lake: Path, run_id: str, seen: Path | None = None, seen_run: str = "") -> dict[str, float]:
+    """Per question: conductor prefill beyond the longest prefix shared with an earlier prompt (of this run or of
+    the ``seen`` run that saved the prompt prefixes it starts with), conductor decode, 1.5B worker
+    prefill/decode, and the seconds of calls to other workers (smaller models, the python tool)."""
     import polars as pl
     from llama_cpp import Llama
 
@@ -84,14 +91,18 @@ def token_budget(lake: Path, run_id: str) -> dict[str, float]:
     calls = scan(str(lake), "calls", run_id=run_id).select("model", "input_tokens", "output_tokens", "latency_s",
                                                            "cache_hit").collect()
     n = max(1, trajs["question_id"].n_unique())
-    prev: list[int] = []
+    from conductor.local.prefix_cache import common_length
+
+    earlier: list[list[int]] = []
+    if seen is not None:
+        earlier = [tok.tokenize((p or "").encode()) for p in
+                   scan(str(seen), "trajectories", run_id=seen_run).select("prompt").collect()["prompt"]]
     prefill = decode = 0
     for prompt, completion in trajs.sort("question_id").select("prompt", "completion").iter_rows():
         ids = tok.tokenize((prompt or "").encode())
-        shared = next((i for i, (a, b) in enumerate(zip(ids, prev)) if a != b), min(len(ids), len(prev)))
-        prefill += len(ids) - shared
+        prefill += len(ids) - max((common_length(ids, e) for e in earlier), default=0)
         decode += len(tok.tokenize((completion or "").encode(), add_bos=False))
-        prev = ids
+        earlier.append(ids)
     big = calls.filter(pl.col("model").str.contains("1.5b") & ~pl.col("cache_hit"))
     other = calls.filter(~pl.col("model").str.contains("1.5b") & ~pl.col("cache_hit"))
     return {"conductor_prefill": prefill / n, "conductor_decode": decode / n,
@@ -129,27 +140,33 @@ def main(argv: list[str] | None = None) -> None:
               f"max_steps={a.max_steps} load={os.getloadavg()[0]:.1f}", flush=True)
         prefill_rate, decode_rate = llama_rates(os.cpu_count() or 1)
         print(f"[rates]  1.5B llama.cpp here: prefill {prefill_rate:.1f} tok/s, decode {decode_rate:.1f} tok/s", flush=True)
-        cold_s, cold = _answer(a.questions, work / "cold", "bench-cold", extra)
+        prefixes = work / "prefix-cache"      # empty: the first run on a machine saves the conductor's prefixes
+        first_s, first = _answer(a.questions, work / "first", "bench-first", extra, prefixes=prefixes)
+        print(f"[conductor first run] {first['questions']} questions in {first_s:.1f}s  (no saved prompt prefixes "
+              f"yet) accuracy={first['accuracy']}", flush=True)
+        cold_s, cold = _answer(a.questions, work / "cold", "bench-cold", extra, prefixes=prefixes)
         n = cold["questions"]
         print(f"[conductor cold] {n} questions in {cold_s:.1f}s  calls/q={cold['calls_per_question']:.2f} "
               f"accuracy={cold['accuracy']} parse_failures={cold['parse_failures']}", flush=True)
         single_s, single = _answer(a.questions, work / "single", "bench-single", ["--conductor", "fixed:0", *common])
         print(f"[single cold]    {single['questions']} questions in {single_s:.1f}s  accuracy={single['accuracy']}", flush=True)
-        warm_s, warm = _answer(a.questions, work / "warm", "bench-warm", extra, cache=work / "cold" / "cache.sqlite")
+        warm_s, warm = _answer(a.questions, work / "warm", "bench-warm", extra, cache=work / "cold" / "cache.sqlite",
+                               prefixes=prefixes)
         print(f"[warm]           {warm['questions']} questions in {warm_s:.1f}s  worker cache hits {warm['cache_hits']} "
               f"accuracy={warm['accuracy']}", flush=True)
-        resume_s, resumed = _answer(a.questions, work / "cold", "bench-cold", extra)
+        resume_s, resumed = _answer(a.questions, work / "cold", "bench-cold", extra, prefixes=prefixes)
         if resumed["trajectories"] != cold["trajectories"]:
             raise SystemExit(f"answer_flow: resume changed the row count {cold['trajectories']} -> {resumed['trajectories']}")
         print(f"[resume]         same command again: {resume_s:.1f}s, rows unchanged ({resumed['trajectories']})", flush=True)
-        c = token_budget(work / "cold" / "lake", "bench-cold")
+        c = token_budget(work / "cold" / "lake", "bench-cold", seen=work / "first" / "lake", seen_run="bench-first")
         s = single_budget(work / "single" / "lake", "bench-single")
         c_floor = ((c["conductor_prefill"] + c["worker_prefill"]) / prefill_rate
                    + (c["conductor_decode"] + c["worker_decode"]) / decode_rate + c["other_call_s"])
         s_floor = s["worker_prefill"] / prefill_rate + s["worker_decode"] / decode_rate
         print(f"[tokens/q] conductor: prefill {c['conductor_prefill']:.0f} (after the shared prefix) decode "
               f"{c['conductor_decode']:.0f}; 1.5B worker prefill {c['worker_prefill']:.0f} decode {c['worker_decode']:.0f}; "
-              f"other calls {c['other_call_s']:.1f}s -> floor {c_floor:.1f}s/q (measured {cold_s / n:.1f})", flush=True)
+              f"other calls {c['other_call_s']:.1f}s -> floor {c_floor:.1f}s/q (measured {cold_s / n:.1f}; first run "
+              f"{first_s / max(1, first['questions']):.1f})", flush=True)
         print(f"[tokens/q] single:    1.5B prefill {s['worker_prefill']:.0f} decode {s['worker_decode']:.0f} "
               f"-> floor {s_floor:.1f}s/q (measured {single_s / max(1, single['questions']):.1f})", flush=True)
     finally:
@@ -160,7 +177,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"conductor_s_per_question={c_spq:.1f} single_s_per_question={s_spq:.1f} ratio={c_spq / s_spq:.2f} "
           f"cold_questions_per_min={cold_qpm:.3f} warm_questions_per_min={warm_qpm:.3f} "
           f"warm_speedup={warm_qpm / cold_qpm:.1f} conductor_accuracy={cold['accuracy']} "
-          f"single_accuracy={single['accuracy']} resume_s={resume_s:.1f}")
+          f"single_accuracy={single['accuracy']} resume_s={resume_s:.1f} "
+          f"first_run_s_per_question={first_s / max(1, first['questions']):.1f}")
 
 
 if __name__ == "__main__":

@@ -24,14 +24,18 @@ import os
 from pathlib import Path
 from typing import Any
 
+from conductor.local.prefix_cache import MIN_GAIN, PrefixCache, PrefixState, common_length
 from conductor.policy.base import Generation, GenerationParams
 
 
 class LlamaCppBackend:
     name = "llamacpp"
 
+    # a prompt sharing fewer tokens than this with the previous one does not save a prefix state
+    MIN_SAVED_PREFIX = 256
+
     def __init__(self, model_path: str | Path, *, n_ctx: int = 8192, n_threads: int | None = None, n_batch: int = 512,
-                 system_prompt: str | None = None):
+                 system_prompt: str | None = None, prefix_cache: PrefixCache | None = None):
         from llama_cpp import Llama
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
@@ -41,6 +45,8 @@ class LlamaCppBackend:
         self.llm = Llama(model_path=str(self.model_path), n_ctx=n_ctx, n_batch=n_batch,
                          n_threads=n_threads or default_threads(), logits_all=False, verbose=False)
         self.system_prompt = system_prompt
+        self.prefix_cache = prefix_cache
+        self.prefill_tokens = 0           # prompt tokens actually evaluated (after reused prefixes)
         model = self.llm._model
         bos, eos = self.llm.token_bos(), self.llm.token_eos()
         template = self.llm.metadata.get("tokenizer.chat_template")
@@ -82,14 +88,65 @@ class LlamaCppBackend:
                 ids = self.llm.tokenize(self.render(prompt).encode("utf-8"), add_bos=False, special=True)  # the template adds any BOS it wants
                 if len(ids) + 1 >= self.llm.n_ctx():
                     raise ValueError(f"llama.cpp backend: prompt of {len(ids)} tokens does not fit n_ctx={self.llm.n_ctx()}")
-                self.llm.reset()
-                self.llm.eval(ids)
+                self._prefill(ids)
                 first_logits = self._last_logits()
                 out.append([self._sample_one(ids, first_logits, params, rng, grammar) for _ in range(n)])
         finally:
             if grammar is not None:
                 grammar.close()
         return out
+
+    def _prefill(self, ids: list[int]) -> None:
+        """Evaluate ``ids``, reusing what is already in the KV cache or in a saved prefix state; at least the
+        last token is evaluated, for fresh logits. When this prompt shares a long prefix with the previous
+        one, that prefix's state is saved (conductor/local/prefix_cache.py)."""
+        llm, cache = self.llm, self.prefix_cache
+        keep = common_length(llm.input_ids[: llm.n_tokens].tolist(), ids)
+        if cache is not None:
+            stored, shared = cache.best(ids)
+            if shared > keep and self._restore(stored):
+                keep = shared
+            elif keep >= self.MIN_SAVED_PREFIX and keep > shared + MIN_GAIN:
+                self._save(ids[:keep])
+        keep = min(keep, len(ids) - 1)
+        llm.n_tokens = keep               # eval() drops the KV cache past n_tokens
+        llm.eval(ids[keep:])
+        self.prefill_tokens += len(ids) - keep
+
+    def _save(self, prefix: list[int]) -> None:
+        import ctypes
+
+        import llama_cpp
+
+        llm = self.llm
+        llm.n_tokens = len(prefix)
+        llm._ctx.kv_cache_seq_rm(-1, len(prefix), -1)
+        size = llama_cpp.llama_state_seq_get_size(llm.ctx, 0)
+        buf = (ctypes.c_uint8 * size)()
+        n = llama_cpp.llama_state_seq_get_data(llm.ctx, buf, size, 0)
+        if n > 0:
+            self.prefix_cache.put(PrefixState(tuple(prefix), bytes(buf)[:n]))
+
+    def _restore(self, tokens: tuple[int, ...]) -> bool:
+        """Load a saved prefix state into the KV cache; False (and the state forgotten) if llama.cpp refuses it."""
+        import ctypes
+
+        import llama_cpp
+
+        state = self.prefix_cache.load(tokens)
+        if state is None:
+            return False
+        llm = self.llm
+        llm.n_tokens = 0
+        llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+        buf = (ctypes.c_uint8 * len(state.data)).from_buffer_copy(state.data)
+        if llama_cpp.llama_state_seq_set_data(llm.ctx, buf, len(state.data), 0) == 0:
+            llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+            self.prefix_cache.forget(tokens)
+            return False
+        llm.input_ids[: len(tokens)] = tokens
+        llm.n_tokens = len(tokens)
+        return True
 
     def _sample_one(self, prompt_ids: list[int], first_logits: Any, params: GenerationParams, rng: Any,
                     grammar: GrammarMask | None = None) -> Generation:

@@ -9,15 +9,14 @@ conductor`` worker is bound to the live policy (recursion as a worker).
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from conductor.execution.executor import Executor
-    from conductor.local.servers import EmbeddedServers
     from conductor.policy.base import PolicyBackend
     from conductor.workers.pool import Pool
 
@@ -65,11 +64,12 @@ def registry_uri() -> str:
     return os.environ.get("CONDUCTOR_REGISTRY") or str(conductor_home() / "registry")
 
 
-def conductor_policy(spec: str, embedded_url: Any = None, pool: Pool | None = None) -> tuple[PolicyBackend, str]:
+def conductor_policy(spec: str, in_process: bool = False, pool: Pool | None = None) -> tuple[PolicyBackend, str]:
     """(policy, checkpoint id) for a conductor spec.
 
     ``auto`` is the registry's champion when one has been promoted, else ``embedded`` (the 1.5B model,
-    few-shot prompted, talking to the embedded server so the model is loaded once). ``champion[@URI]``
+    few-shot prompted; with ``in_process``, llama.cpp in this process with saved prompt prefixes, loaded on
+    first use: ``embedded_conductor``). ``champion[@URI]``
     requires a champion. The baseline strategies (``fixed:i``, ``sc:i:k``, ``moa:...``, ``random``;
     conductor.policy.strategies) write their workflows without a model and need the ``pool``.
     """
@@ -92,60 +92,61 @@ def conductor_policy(spec: str, embedded_url: Any = None, pool: Pool | None = No
         if spec != "auto":
             raise RegistryError(f"registry {uri}: no champion has been promoted yet")
         spec = "embedded"
-    if spec == "embedded" and embedded_url is not None:   # an embedded llama.cpp server, started on first use
-        url = embedded_url(EMBEDDED_CONDUCTOR_MODEL)
-        policy = StartOnUse(make_policy(f"openai:{EMBEDDED_CONDUCTOR_MODEL}@{url}"), url)
-        return policy, f"embedded:{EMBEDDED_CONDUCTOR_MODEL}"
+    if spec == "embedded" and in_process:   # llama.cpp in this process, loaded on first use
+        return LoadOnUse(embedded_conductor), f"embedded:{EMBEDDED_CONDUCTOR_MODEL}"
     return make_policy(spec), spec
 
 
-def conductor_server_url(servers: EmbeddedServers, model: str) -> str:
-    """Start (once) the embedded conductor's own llama.cpp server and return its URL.
+PREFIX_CACHE_ENV = "CONDUCTOR_PREFIX_CACHE"
 
-    WHY its own: llama.cpp keeps the KV cache of the previous prompt and re-reads only what differs. The
-    conductor's prompts share ~900 tokens of instructions and examples (question last), so consecutive
-    conductor calls prefill only the question, unless a worker prompt ran on the same server in between,
-    which is what sharing the 1.5B worker's server did. It gets the threads of a worker server (all cores but
-    one), not every core: it writes shard k+1's workflows while the workers execute shard k
-    (conductor/run/overlap.py), and two servers spinning on more threads than cores slow each other down
-    several-fold. Costs one more copy of the model in memory (~1.1 GB for the 1.5B).
 
-    The informed prompt puts the question's domain's examples first, so each domain has its own prefix: the
-    first question of a shard whose domain differs from the previous shard's re-reads the examples (~700
-    tokens). llama-cpp-python's RAM prompt cache (``--cache``) would keep both prefixes, but each saved state
-    also copies the 512 x vocabulary logits buffer (~310 MB for Qwen2.5) that its size limit does not count:
-    measured here, the server grew to 8.3 GB within 5 questions. So no ``--cache``.
+def embedded_conductor() -> PolicyBackend:
+    """The embedded conductor model in this process (llama-cpp-python), with saved prompt-prefix states.
+
+    WHY in process and not a server of its own: llama_cpp.server keeps only the previous prompt's KV cache,
+    so each switch of question domain (one example order per domain) re-read ~700 prompt tokens and each run
+    re-read the whole ~1,000-token prefix; here the prefix states are saved and restored
+    (conductor/local/prefix_cache.py), in memory and under $CONDUCTOR_HOME/prefix-cache for the next run. The
+    grammar is applied lazily (the sampled token is checked first: policy/llamacpp_backend.py), not to the
+    whole vocabulary at every token as the server does. It gets the threads of a worker server (all cores but
+    one): it writes the next question's workflow while the workers execute this one (conductor/run/overlap.py),
+    and two engines spinning on more threads than cores slow each other down several-fold.
+    ``$CONDUCTOR_PREFIX_CACHE``: another directory for the saved prefixes, or ``off`` (memory only).
     """
-    from conductor.local.embedded import spec_for
-    from conductor.local.process import ServerSettings, default_threads
+    from conductor.local.embedded import conductor_home, ensure_models, spec_for
+    from conductor.local.prefix_cache import PrefixCache
+    from conductor.policy.llamacpp_backend import LlamaCppBackend, default_threads
 
-    settings = ServerSettings(n_ctx=spec_for(model).n_ctx, n_threads=default_threads())
-    return servers.reserve(model, alias=f"conductor-{model}", settings=settings)
+    spec = spec_for(EMBEDDED_CONDUCTOR_MODEL)
+    path = ensure_models(which=[spec.name])[spec.name]
+    where = os.environ.get(PREFIX_CACHE_ENV, "").strip()
+    cache = PrefixCache(None) if where == "off" else PrefixCache.for_model(where or conductor_home() / "prefix-cache", path)
+    return LlamaCppBackend(path, n_ctx=spec.n_ctx, n_threads=default_threads(), prefix_cache=cache)
 
 
-@dataclass
-class StartOnUse:
-    """A policy whose server is reserved, not started: it starts before the first generation, so a rerun
-    whose conductor generations all come from the cache never loads the model."""
+class LoadOnUse:
+    """A policy built on its first generation, so a rerun whose conductor generations all come from the cache
+    never loads the model; one generation at a time (the executing stage may call it too, for recursion)."""
 
-    inner: PolicyBackend
-    base_url: str
-    # llama.cpp's server generates one prompt at a time: a question's workflow can execute while the next is
-    # written (conductor/run/overlap.py)
+    # one prompt at a time: a question's workflow executes while the next is written (conductor/run/overlap.py)
     generation_batch: ClassVar[int] = 1
 
-    @property
-    def name(self) -> str:
-        return self.inner.name
+    def __init__(self, factory: Callable[[], PolicyBackend], name: str = f"embedded:{EMBEDDED_CONDUCTOR_MODEL}"):
+        self._factory = factory
+        self._loaded: PolicyBackend | None = None
+        self._lock = threading.Lock()
+        self.name = name
 
     def generate(self, prompts: list[str], n: int, params: Any) -> Any:
-        from conductor.local.servers import ensure_started
-
-        ensure_started(self.base_url)
-        return self.inner.generate(prompts, n, params)
+        with self._lock:
+            if self._loaded is None:
+                self._loaded = self._factory()
+            return self._loaded.generate(prompts, n, params)
 
     def close(self) -> None:
-        _close(self.inner)
+        with self._lock:
+            loaded, self._loaded = self._loaded, None
+        _close(loaded)
 
 
 def checkpoint_of(spec: str) -> str:
@@ -181,10 +182,9 @@ def serving(manifest: Pool, conductor: str = "auto", bind_as_worker: bool = True
         pool = manifest
         if embedded_models(manifest):
             pool, _ = resolve_embedded(manifest, servers, lazy=True)
-        # The embedded conductor gets a llama.cpp server of its own (grammar, n, log-probs); the transformers
-        # fallback server supports none of those, so then the conductor runs in process (make_policy falls back too).
-        policy, checkpoint_id = conductor_policy(
-            conductor, functools.partial(conductor_server_url, servers) if servers.kind == "llamacpp" else None, pool)
+        # The embedded conductor runs in process: llama.cpp with saved prompt prefixes (embedded_conductor), or
+        # else whatever make_policy falls back to (transformers).
+        policy, checkpoint_id = conductor_policy(conductor, servers.kind == "llamacpp", pool)
         stack.callback(_close, policy)
         if bind_as_worker and any(w.provider == "conductor" for w in pool.workers):
             from conductor.workers.providers.conductor import bind_conductor, unbind_conductor
