@@ -77,9 +77,9 @@ def llama_rates(threads: int) -> tuple[float, float]:
 
 
 def token_budget(lake: Path, run_id: str, seen: Path | None = None, seen_run: str = "") -> dict[str, float]:
-    """Per question: conductor prefill beyond the longest prefix shared with an earlier prompt (of this run or of
-    the ``seen`` run that saved the prompt prefixes it starts with), conductor decode, 1.5B worker
-    prefill/decode, and the seconds of calls to other workers (smaller models, the python tool)."""
+    """Per question: conductor prefill beyond what the previous prompt and the saved prefix states cover (the
+    ``seen`` run saved those this run starts with), conductor decode, 1.5B worker prefill/decode, and the
+    seconds of calls to other workers (smaller models, the python tool)."""
     import polars as pl
     from llama_cpp import Llama
 
@@ -91,23 +91,33 @@ def token_budget(lake: Path, run_id: str, seen: Path | None = None, seen_run: st
     calls = scan(str(lake), "calls", run_id=run_id).select("model", "input_tokens", "output_tokens", "latency_s",
                                                            "cache_hit").collect()
     n = max(1, trajs["question_id"].n_unique())
-    from conductor.local.prefix_cache import common_length
-
-    earlier: list[list[int]] = []
+    saved: list[list[int]] = []        # the prefix states the conductor backend holds (prefix_cache.py)
     if seen is not None:
-        earlier = [tok.tokenize((p or "").encode()) for p in
-                   scan(str(seen), "trajectories", run_id=seen_run).select("prompt").collect()["prompt"]]
-    prefill = decode = 0
-    for prompt, completion in trajs.sort("question_id").select("prompt", "completion").iter_rows():
-        ids = tok.tokenize((prompt or "").encode())
-        prefill += len(ids) - max((common_length(ids, e) for e in earlier), default=0)
-        decode += len(tok.tokenize((completion or "").encode(), add_bos=False))
-        earlier.append(ids)
+        seen_prompts = scan(str(seen), "trajectories", run_id=seen_run).sort("question_id").collect()["prompt"]
+        _prefills([tok.tokenize((p or "").encode()) for p in seen_prompts], saved)
+    ordered = trajs.sort("question_id")
+    prefill = sum(_prefills([tok.tokenize((p or "").encode()) for p in ordered["prompt"]], saved))
+    decode = sum(len(tok.tokenize((c or "").encode(), add_bos=False)) for c in ordered["completion"])
     big = calls.filter(pl.col("model").str.contains("1.5b") & ~pl.col("cache_hit"))
     other = calls.filter(~pl.col("model").str.contains("1.5b") & ~pl.col("cache_hit"))
     return {"conductor_prefill": prefill / n, "conductor_decode": decode / n,
             "worker_prefill": big["input_tokens"].sum() / n, "worker_decode": big["output_tokens"].sum() / n,
             "other_call_s": float(other["latency_s"].sum() or 0.0) / n}
+
+
+def _prefills(prompts: list[list[int]], saved: list[list[int]]) -> list[int]:
+    """Tokens each prompt has to evaluate after the previous prompt's KV cache and the saved prefix states;
+    like the backend, a prefix of 256+ tokens shared with the previous prompt is saved (appended to ``saved``)."""
+    from conductor.local.prefix_cache import common_length
+
+    out, prev = [], []
+    for ids in prompts:
+        with_prev = common_length(ids, prev)
+        out.append(len(ids) - max([with_prev, *(common_length(ids, s) for s in saved)]))
+        if with_prev >= 256:
+            saved.append(ids[:with_prev])
+        prev = ids
+    return out
 
 
 def single_budget(lake: Path, run_id: str) -> dict[str, float]:
@@ -163,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         c_floor = ((c["conductor_prefill"] + c["worker_prefill"]) / prefill_rate
                    + (c["conductor_decode"] + c["worker_decode"]) / decode_rate + c["other_call_s"])
         s_floor = s["worker_prefill"] / prefill_rate + s["worker_decode"] / decode_rate
-        print(f"[tokens/q] conductor: prefill {c['conductor_prefill']:.0f} (after the shared prefix) decode "
+        print(f"[tokens/q] conductor: prefill {c['conductor_prefill']:.0f} (after reused prefixes) decode "
               f"{c['conductor_decode']:.0f}; 1.5B worker prefill {c['worker_prefill']:.0f} decode {c['worker_decode']:.0f}; "
               f"other calls {c['other_call_s']:.1f}s -> floor {c_floor:.1f}s/q (measured {cold_s / n:.1f}; first run "
               f"{first_s / max(1, first['questions']):.1f})", flush=True)

@@ -87,11 +87,12 @@ def batch_mode(batch: bool, poll_s: float, pool: Any) -> BatchMode | None:
 
 def run_shards(todo: Shards, spec: RunSpec, lake: str, policy: Any, executor: Any, on_done: Any = None,
                scheme: Any = None, *, batch: BatchMode | None = None, record_failures: bool = True) -> int:
-    """Run and commit each pending shard in order, the conductor one shard ahead of the workers; returns how
-    many trajectories were written.
+    """Run and commit each pending shard in order, the conductor one piece (a shard, or one question for a
+    one-prompt-at-a-time policy) ahead of the workers; returns how many trajectories were written.
 
-    When the conductor's endpoint fails, the shard's questions are committed as infra-failed (a rerun
-    retries them; ``record_failures=False``: the error propagates instead); after ``MAX_CONDUCTOR_FAILURES``
+    When the conductor's endpoint fails, the shard's questions it had not written workflows for yet are
+    committed as infra-failed with the rest of the shard (a rerun retries them; ``record_failures=False``:
+    the error propagates instead); after ``MAX_CONDUCTOR_FAILURES``
     such shards in a row, or one refused key, the remaining shards are left for the rerun instead of
     waiting on a dead endpoint. With ``batch``, every generated shard executes together, in waves.
     """

@@ -116,16 +116,35 @@ def test_one_trajectory_that_raises_does_not_sink_the_shard():
     assert not out[0].infra_failed and not out[2].infra_failed and out[0].final_answer and out[2].calls
 
 
+ONE_STEP = "model_id = [0]\nsubtasks = ['Solve it.']\naccess_list = [[]]"
+
+
+def _questions(prefix: str, n: int) -> list[Question]:
+    return [Question(id=f"{prefix}{i}", dataset="t", domain="math", prompt=f"What is {i}*3?", gold=str(3 * i))
+            for i in range(n)]
+
+
+def _run_shards(tmp_path, shards, policy, on_done=None) -> tuple[int, str]:
+    """flows.shards.run_shards inside a real Prefect flow, over the simulated pool: (rows written, lake)."""
+    from prefect import flow
+
+    from conductor.execution.executor import Executor
+    from flows.shards import run_shards
+
+    spec = pipeline.RunSpec(run_id=tmp_path.name, kind="answer", pool=load_pool(SIM_POOL))
+    lake = str(tmp_path / "lake")
+
+    @flow(persist_result=False)
+    def shard_loop() -> int:
+        return run_shards(shards, spec, lake, policy, Executor(), on_done)
+
+    return shard_loop(), lake
+
+
 def test_the_conductor_writes_the_next_shard_while_the_workers_execute_this_one(tmp_path):
     """Shard 1's execution waits (up to 10 s) until shard 2's generation has started: only an overlapped loop
     lets it through at once; run one stage after the other, every wait would time out."""
     import threading
-
-    from prefect import flow
-
-    from conductor.execution.executor import Executor
-    from conductor.lake.reader import scan
-    from flows.shards import run_shards
 
     second_generation = threading.Event()
     threads: list[str] = []
@@ -143,16 +162,9 @@ def test_the_conductor_writes_the_next_shard_while_the_workers_execute_this_one(
         if t.question_id in ("o0", "o1"):                     # shard 1
             waited.append(second_generation.wait(10))
 
-    qs = [Question(id=f"o{i}", dataset="t", domain="math", prompt=f"What is {i}*3?", gold=str(3 * i)) for i in range(4)]
-    spec = pipeline.RunSpec(run_id="overlap", kind="answer", pool=load_pool(SIM_POOL))
-    lake = str(tmp_path / "lake")
-    policy = Recording(["model_id = [0]\nsubtasks = ['Solve it.']\naccess_list = [[]]"])
-
-    @flow(persist_result=False)
-    def two_shards() -> int:
-        return run_shards([("s1", qs[:2]), ("s2", qs[2:])], spec, lake, policy, Executor(), on_done)
-
-    assert two_shards() == 4
+    qs = _questions("o", 4)
+    written, lake = _run_shards(tmp_path, [("s1", qs[:2]), ("s2", qs[2:])], Recording([ONE_STEP]), on_done)
+    assert written == 4
     assert waited == [True, True]
     assert threads and all(name.startswith("one-ahead") for name in threads)   # generation left the flow's thread
     df = scan(lake).collect()
@@ -160,12 +172,6 @@ def test_the_conductor_writes_the_next_shard_while_the_workers_execute_this_one(
 
 
 def test_a_one_prompt_conductor_is_fed_one_question_at_a_time_and_shards_commit_whole(tmp_path):
-    from prefect import flow
-
-    from conductor.execution.executor import Executor
-    from conductor.lake.reader import scan
-    from flows.shards import run_shards
-
     batches: list[int] = []
 
     class OnePrompt(ScriptedConductor):
@@ -175,16 +181,9 @@ def test_a_one_prompt_conductor_is_fed_one_question_at_a_time_and_shards_commit_
             batches.append(len(prompts))
             return super().generate(prompts, n, params)
 
-    qs = [Question(id=f"p{i}", dataset="t", domain="math", prompt=f"What is {i}*3?", gold=str(3 * i)) for i in range(5)]
-    spec = pipeline.RunSpec(run_id="pieces", kind="answer", pool=load_pool(SIM_POOL))
-    lake = str(tmp_path / "lake")
-    policy = OnePrompt(["model_id = [0]\nsubtasks = ['Solve it.']\naccess_list = [[]]"])
-
-    @flow(persist_result=False)
-    def two_shards() -> int:
-        return run_shards([("s1", qs[:3]), ("s2", qs[3:])], spec, lake, policy, Executor())
-
-    assert two_shards() == 5
+    qs = _questions("p", 5)
+    written, lake = _run_shards(tmp_path, [("s1", qs[:3]), ("s2", qs[3:])], OnePrompt([ONE_STEP]))
+    assert written == 5
     assert batches == [1, 1, 1, 1, 1]
     files = sorted((tmp_path / "lake" / "trajectories").rglob("*.parquet"))
     assert len(files) == 2                                   # one file per shard, not per piece
@@ -193,12 +192,7 @@ def test_a_one_prompt_conductor_is_fed_one_question_at_a_time_and_shards_commit_
 
 
 def test_a_conductor_that_dies_mid_shard_keeps_the_answered_piece_and_records_the_rest(tmp_path):
-    from prefect import flow
-
-    from conductor.execution.executor import Executor
-    from conductor.lake.reader import scan
     from conductor.policy.openai_backend import EndpointError
-    from flows.shards import run_shards
 
     class DiesAfterOne(ScriptedConductor):
         generation_batch = 1
@@ -210,16 +204,9 @@ def test_a_conductor_that_dies_mid_shard_keeps_the_answered_piece_and_records_th
                 raise EndpointError("down", "conductor endpoint http://127.0.0.1:9/v1: connection refused")
             return super().generate(prompts, n, params)
 
-    qs = [Question(id=f"d{i}", dataset="t", domain="math", prompt=f"What is {i}*3?", gold=str(3 * i)) for i in range(6)]
-    spec = pipeline.RunSpec(run_id="dies", kind="answer", pool=load_pool(SIM_POOL))
-    lake = str(tmp_path / "lake")
-    policy = DiesAfterOne(["model_id = [0]\nsubtasks = ['Solve it.']\naccess_list = [[]]"])
-
-    @flow(persist_result=False)
-    def three_shards() -> int:
-        return run_shards([("s1", qs[:3]), ("s2", qs[3:5]), ("s3", qs[5:])], spec, lake, policy, Executor())
-
-    assert three_shards() == 5              # s1 (one answered, two failed) and s2 (failed); then it stops
+    qs = _questions("d", 6)
+    written, lake = _run_shards(tmp_path, [("s1", qs[:3]), ("s2", qs[3:5]), ("s3", qs[5:])], DiesAfterOne([ONE_STEP]))
+    assert written == 5                     # s1 (one answered, two failed) and s2 (failed); then it stops
     df = scan(lake).collect().sort("question_id")
     assert df["question_id"].to_list() == ["d0", "d1", "d2", "d3", "d4"]
     assert df["infra_failed"].to_list() == [False, True, True, True, True]
