@@ -58,7 +58,9 @@ def answer_flow(config: AnswerConfig) -> dict[str, Any]:
         from conductor.lake.compact import compact as compact_lake
 
         log.info("lake compaction: %s", compact_lake(lake, run_id=cfg.run_id, kind="answer").line())
-    return summarize_run(lake, str(cfg.run_id), str(inp.out), current=plan.current_ids)
+    summary = summarize_run(lake, str(cfg.run_id), str(inp.out), current=plan.current_ids)
+    summary["answered_now"] = len(qs) - plan.done_questions      # the rest were already in the lake (resumed)
+    return summary
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -107,7 +107,7 @@ def compare_cmd(
         if questions is None:
             if not Path(lake).exists() and "://" not in lake:
                 fail(f"{lake}: no lake to read runs from (give QUESTIONS to run the strategies)")
-            labelled = _read_runs(lake, runs)
+            labelled, elapsed = _read_runs(lake, runs), {}
         else:
             if runs:
                 fail("--runs selects runs to read: leave out QUESTIONS, or leave out --runs to run the strategies")
@@ -116,10 +116,10 @@ def compare_cmd(
                 fail(f"{questions}: no questions to compare on")
             manifest = load_pool(pool)
             plan = _plan(expand(split_strategies(strategies), len(manifest.workers)), conductor, manifest, max_steps)
-            labelled = _run_all(plan, questions, out, lake, pool, limit=limit, shard_size=shard_size, seed=seed,
-                                temperature=temperature, max_tokens=max_tokens, fewshot=fewshot,
-                                constrained=constrained, cache=str(cache) if cache else None, replay=replay)
-        comparison = compare_runs(lake, labelled, conductor=CONDUCTOR, n_boot=n_boot, seed=seed)
+            labelled, elapsed = _run_all(plan, questions, out, lake, pool, limit=limit, shard_size=shard_size,
+                                         seed=seed, temperature=temperature, max_tokens=max_tokens, fewshot=fewshot,
+                                         constrained=constrained, cache=str(cache) if cache else None, replay=replay)
+        comparison = compare_runs(lake, labelled, conductor=CONDUCTOR, n_boot=n_boot, seed=seed, elapsed=elapsed)
     except (CompareError, DatasetError, PoolError, ValueError, OSError) as e:
         fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     paths = write_outputs(comparison, out)
@@ -148,16 +148,22 @@ def _plan(strategies: list[str], conductor: str, manifest: object, max_steps: in
 
 
 def _run_all(plan: list[tuple[str, str, int]], questions: str, out: Path, lake: str, pool: Path,
-             **kw: object) -> list[tuple[str, str]]:
-    """Each strategy as one ordinary answer run in the shared lake (reruns resume)."""
+             **kw: object) -> tuple[list[tuple[str, str]], dict[str, float]]:
+    """Each strategy as one ordinary answer run in the shared lake (reruns resume): (label, run id) pairs, and
+    the measured wall seconds of each run that answered every question now (not resumed)."""
+    import time
+
     from conductor.run.config import AnswerConfig
     from flows.answer import answer_flow
 
-    labelled = []
+    labelled, elapsed = [], {}
     for label, spec, steps in plan:
         typer.echo(f"compare: running {label} ({spec})", err=True)
+        start = time.perf_counter()
         summary = answer_flow(AnswerConfig(questions=questions, out=str(out / "runs" / _slug(label)), pool=str(pool),
                                            conductor=spec, lake=lake, max_steps=steps, show_progress=False,
                                            **kw))  # type: ignore[arg-type]
         labelled.append((label, summary["run_id"]))
-    return labelled
+        if summary.get("answered_now") == summary["questions"]:
+            elapsed[summary["run_id"]] = time.perf_counter() - start
+    return labelled, elapsed

@@ -183,8 +183,11 @@ def _eval_rows(df: pl.DataFrame) -> list[EvalRow]:
 
 
 def elapsed_seconds(df: pl.DataFrame) -> float:
-    """Seconds a run took: per shard, its conductor generation plus its slowest workflow (a shard's workflows
-    run concurrently, so their wall clocks overlap and must not be added), summed over shards.
+    """Seconds a run took, estimated from the lake when it was not measured: per shard, its conductor
+    generation plus its slowest workflow (a shard's workflows run concurrently, so their wall clocks overlap
+    and must not be added), summed over shards. An upper bound when the conductor worked ahead of the workers
+    on whole shards; with one question per piece (the embedded conductor) it undercounts, since the pieces of
+    a shard execute one after another.
 
     >>> elapsed_seconds(pl.DataFrame({"shard": ["a", "a", "b"], "wall_s": [3.0, 5.0, 2.0],
     ...                               "conductor_s": [1.0, 1.0, None]}))
@@ -194,8 +197,9 @@ def elapsed_seconds(df: pl.DataFrame) -> float:
     return float(per["s"].sum())
 
 
-def strategy_row(label: str, df: pl.DataFrame) -> StrategyRow:
-    """One strategy's line of the table from its (non-empty) run frame."""
+def strategy_row(label: str, df: pl.DataFrame, elapsed_s: float | None = None) -> StrategyRow:
+    """One strategy's line of the table from its (non-empty) run frame; ``elapsed_s``: the run's measured wall
+    seconds, else estimated from the lake (``elapsed_seconds``)."""
     from conductor.learning.evaluation import question_mean_se
 
     datasets: dict[str, DatasetScore] = {}
@@ -212,7 +216,7 @@ def strategy_row(label: str, df: pl.DataFrame) -> StrategyRow:
         n_questions=nq, datasets=datasets, average=avg, average_se=avg_se,
         calls=float(df["n_calls"].sum()) / nq, tokens=float(df["tokens"].sum()) / nq,
         dollars=float(df["cost_usd"].sum()) / nq,
-        seconds=elapsed_seconds(df) / nq,
+        seconds=(elapsed_s if elapsed_s is not None else elapsed_seconds(df)) / nq,
         parse_failures=int((df["parse_status"] != "ok").sum()), infra_failures=int(df["infra_failed"].sum()))
 
 
@@ -229,9 +233,10 @@ def paired_test(conductor: tuple[str, pl.DataFrame], baseline: tuple[str, pl.Dat
 
 
 def compare_runs(lake: str, runs: list[tuple[str, str]], *, kind: str = "answer", conductor: str = CONDUCTOR,
-                 n_boot: int = 10_000, seed: int = 0) -> Comparison:
+                 n_boot: int = 10_000, seed: int = 0, elapsed: dict[str, float] | None = None) -> Comparison:
     """The comparison of ``runs`` ((label, run id) pairs) in ``lake``; the run labelled ``conductor`` is tested
-    against the best ``fixed:i`` run."""
+    against the best ``fixed:i`` run. ``elapsed``: measured wall seconds of runs (by run id), used for their
+    seconds per question instead of the lake's estimate."""
     if not runs:
         raise CompareError(f"lake {lake}: no runs to compare")
     frames: dict[str, pl.DataFrame] = {}
@@ -240,7 +245,8 @@ def compare_runs(lake: str, runs: list[tuple[str, str]], *, kind: str = "answer"
         if df.height == 0:
             raise CompareError(f"lake {lake}: run {run_id} ({label}) has no {kind} trajectories")
         frames[label] = df
-    rows = [strategy_row(label, df) for label, df in frames.items()]
+    elapsed = elapsed or {}
+    rows = [strategy_row(label, df, elapsed.get(run_id)) for (label, df), (_, run_id) in zip(frames.items(), runs)]
     datasets = sorted({d for r in rows for d in r.datasets})
     singles = [r for r in rows if r.label.startswith("fixed:") and not math.isnan(r.average)]
     best = max(singles, key=lambda r: r.average).label if singles else None   # max keeps the first of ties
@@ -248,8 +254,11 @@ def compare_runs(lake: str, runs: list[tuple[str, str]], *, kind: str = "answer"
     if best is not None and conductor in frames:
         paired = paired_test((conductor, frames[conductor]), (best, frames[best]), n_boot, seed)
     axis: Literal["dollars", "seconds"] = "dollars" if any(r.dollars > 0 for r in rows) else "seconds"
-    notes = ["accuracy ± s.e. over questions, in percent; s/q is elapsed seconds per question (per shard: the "
-             "conductor's generation plus its slowest concurrent workflow); failures: unparseable p / infrastructure i."]
+    measured = "measured run wall clock, start-up included" if all(r.run_id in elapsed for r in rows) else (
+        "measured run wall clock where compare ran the strategy now, else the lake's estimate: per shard, the "
+        "conductor's generation plus its slowest concurrent workflow")
+    notes = [f"accuracy ± s.e. over questions, in percent; s/q is elapsed seconds per question ({measured}); "
+             "failures: unparseable p / infrastructure i."]
     return Comparison(rows, datasets, best, paired, axis, notes)
 
 
