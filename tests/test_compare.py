@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from conductor.lake.reader import scan
 from conductor.lake.report import cost_axis_limits
-from conductor.run.compare import compare_runs, split_strategies
+from conductor.run.compare import compare_runs, elapsed_seconds, split_strategies
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_POOL = ROOT / "data/pools/simulated.yaml"
@@ -100,6 +100,12 @@ def test_read_mode_reproduces_the_run_mode_table(ran, tmp_path):
     r = cli("compare", "--out", str(tmp_path / "again"), "--lake", str(out / "lake"), "--runs", runs, "--n-boot", "2000")
     assert r.returncode == 0, r.stderr[-2000:]
     again = json.loads((tmp_path / "again" / "compare.json").read_text())
+    # seconds: run mode measured each run's wall clock; read mode can only estimate them from the lake
+    for row, measured in zip(again["rows"], data["rows"]):
+        df = scan(str(out / "lake"), run_id=row["run_id"]).collect()
+        assert row.pop("seconds") == pytest.approx(elapsed_seconds(df) / df.height)
+        assert measured.pop("seconds") > 0
+    again.pop("notes"), data.pop("notes")
     assert again == data
     # without --runs: every answer run, labelled by its strategy (the stand-in conductor is random:7 here)
     r = cli("compare", "--out", str(tmp_path / "all"), "--lake", str(out / "lake"), "--n-boot", "2000")
@@ -125,6 +131,9 @@ def test_a_free_pool_is_plotted_against_seconds(tmp_path):
         runs.append((spec, s["run_id"]))
     c = compare_runs(lake, runs)
     assert c.cost_axis == "seconds" and c.paired is None and c.best_single == "fixed:0"
+    measured = compare_runs(lake, runs, elapsed={runs[0][1]: 70.0})    # a wall clock compare measured itself
+    assert measured.rows[0].seconds == pytest.approx(70.0 / measured.rows[0].n_questions) and measured.rows[1].seconds == c.rows[1].seconds
+    assert "measured run wall clock where compare ran the strategy now, else the lake's estimate" in measured.notes[0]
     assert "needs a conductor run" in c.render()
     # the run's own report plots the free run against seconds too, on an axis that starts at 0
     from conductor.lake.queries import accuracy_vs_cost
