@@ -32,10 +32,11 @@ def test_informed_examples_use_the_real_ordinals_of_their_roles():
     sub = LOCAL.full()
     roles = role_ordinals(sub)
     assert sub.workers[roles["reasoner"]].name == "qwen2.5-coder-1.5b" and sub.workers[roles["python"]].provider == "python"
+    assert sub.workers[roles["reporter"]].name == "qwen2.5-coder-0.5b"      # states the printed result, faster
     text = conductor_prompt("What is 6 * 7?", sub, fewshot="informed")
     block = _examples_block(text)
-    assert "{reasoner}" not in block and "{python}" not in block
-    assert f"model_id = [{roles['reasoner']}, {roles['python']}, {roles['reasoner']}]" in block
+    assert "{reasoner}" not in block and "{python}" not in block and "{reporter}" not in block
+    assert f"model_id = [{roles['reasoner']}, {roles['python']}, {roles['reporter']}]" in block
     for reply in block.split("Reply:\n")[1:]:   # every instantiated example is a valid workflow for this pool
         assert reply.startswith("model_id = [")   # no plan line: the grammar of the informed mode has none
         wf = parse_workflow(reply.split("</example>")[0], n_workers=len(sub))
@@ -57,7 +58,7 @@ def test_the_questions_domain_examples_come_first_and_every_example_stays():
         return block.split("Reply:\n")[1].split("\n")[0], block.count("<example>")
     (mcq, n_mcq), (math, n_math) = first_and_count("mcq"), first_and_count("math")
     assert mcq == "model_id = [0]"                           # knowledge questions: the reasoner alone first
-    assert math == "model_id = [0, 3, 0]"                    # calculations: reason, write, run, report first
+    assert math == "model_id = [0, 3, 1]"                    # calculations: reason and write, run, report first
     assert n_mcq == n_math == len(select_fewshot("informed"))
 
 
@@ -73,6 +74,17 @@ workers:
     assert "Run the program." not in block                    # no python worker: no code-and-run examples
     assert "model_id = [1]" in block                          # the reasoner is Model 1 in this pool
     assert len(block.split("<example>")) - 1 == sum(1 for e in select_fewshot("informed") if e.roles <= {"reasoner"})
+
+
+def test_without_a_reporter_the_reasoner_reports():
+    pool = parse_pool("""
+pool_id: t
+workers:
+  - {name: big, provider: simulated, model: b, roles: [reasoner]}
+  - {name: py, provider: python, model: cpython3}
+""")
+    block = _examples_block(conductor_prompt("Q?", pool.full(), fewshot="informed", domain="math"))
+    assert block.split("Reply:\n")[1].startswith("model_id = [0, 1, 0]")
 
 
 def test_auto_fewshot_is_informed_only_for_the_untrained_embedded_conductor():
