@@ -85,3 +85,24 @@ def test_a_restored_prefix_gives_the_full_prefill_greedy_output_and_skips_the_pr
     assert later.generate([prompts[2]], 1, params)[0][0].text == expected[2]
     assert later.prefill_tokens < n_prompt // 4             # only the question was read
     later.close()
+
+
+@needs_llama
+def test_a_state_llama_cpp_refuses_is_deleted_and_the_prompt_read_in_full(tmp_path):
+    from conductor.policy.llamacpp_backend import LlamaCppBackend
+
+    try:
+        path = embedded.model_path(SMOL)
+    except embedded.EmbeddedError as e:
+        pytest.skip(str(e))
+    prompt = " ".join(f"Rule {i}: answer briefly." for i in range(60)) + "\n\nQuestion: What colour is the sky?"
+    params = GenerationParams(temperature=0.0, max_tokens=12)
+    plain = LlamaCppBackend(path, n_ctx=2048, n_threads=1)
+    expected = plain.generate([prompt], 1, params)[0][0].text
+    plain.close()
+    backend = LlamaCppBackend(path, n_ctx=2048, n_threads=1, prefix_cache=PrefixCache(tmp_path))
+    ids = backend.llm.tokenize(backend.render(prompt).encode(), add_bos=False, special=True)
+    backend.prefix_cache.put(PrefixState(tuple(ids[:300]), b"\x01\x00\x00\x00" + b"not a kv state" * 50))
+    assert backend.generate([prompt], 1, params)[0][0].text == expected
+    assert backend.prefill_tokens == len(ids) and not list(tmp_path.glob("*.kv"))
+    backend.close()

@@ -104,8 +104,8 @@ class LlamaCppBackend:
         keep = common_length(llm.input_ids[: llm.n_tokens].tolist(), ids)
         if cache is not None:
             stored, shared = cache.best(ids)
-            if shared > keep and self._restore(stored):
-                keep = shared
+            if shared > keep:   # a refused state leaves the KV cache empty: then nothing is kept
+                keep = shared if self._restore(stored) else common_length(llm.input_ids[: llm.n_tokens].tolist(), ids)
             elif keep >= self.MIN_SAVED_PREFIX and keep > shared + MIN_GAIN:
                 self._save(ids[:keep])
         keep = min(keep, len(ids) - 1)
