@@ -107,14 +107,14 @@ def token_budget(lake: Path, run_id: str, seen: Path | None = None, seen_run: st
 
 def _prefills(prompts: list[list[int]], saved: list[list[int]]) -> list[int]:
     """Tokens each prompt has to evaluate after the previous prompt's KV cache and the saved prefix states;
-    like the backend, a prefix of 256+ tokens shared with the previous prompt is saved (appended to ``saved``)."""
-    from conductor.local.prefix_cache import common_length
+    like the backend, a long prefix shared with the previous prompt is saved (appended to ``saved``)."""
+    from conductor.local.prefix_cache import MIN_SAVED_PREFIX, common_length
 
     out, prev = [], []
     for ids in prompts:
         with_prev = common_length(ids, prev)
         out.append(len(ids) - max([with_prev, *(common_length(ids, s) for s in saved)]))
-        if with_prev >= 256:
+        if with_prev >= MIN_SAVED_PREFIX:
             saved.append(ids[:with_prev])
         prev = ids
     return out

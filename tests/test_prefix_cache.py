@@ -15,7 +15,6 @@ from conductor.policy import GenerationParams
 from conductor.run.runtime import LoadOnUse
 
 SMOL = "smollm2-135m-instruct"
-needs_llama = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python not installed")
 
 
 def test_the_best_prefix_is_the_one_sharing_most_tokens_and_survives_a_new_process(tmp_path):
@@ -58,51 +57,55 @@ def test_the_embedded_conductor_is_not_loaded_until_it_generates():
     lazy.close()
 
 
-@needs_llama
-def test_a_restored_prefix_gives_the_full_prefill_greedy_output_and_skips_the_prefix(tmp_path):
+@pytest.fixture()
+def smol():
+    """A factory of llama.cpp conductor backends on SmolLM2-135M (optionally with a prefix cache)."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python not installed")
     from conductor.policy.llamacpp_backend import LlamaCppBackend
 
     try:
         path = embedded.model_path(SMOL)
     except embedded.EmbeddedError as e:
         pytest.skip(str(e))
+    made = []
+    yield lambda cache=None: made.append(LlamaCppBackend(path, n_ctx=2048, n_threads=1, prefix_cache=cache)) or made[-1]
+    for backend in made:
+        backend.close()
+
+
+GREEDY = GenerationParams(temperature=0.0, max_tokens=12)
+
+
+def greedy(backend, prompt: str) -> str:
+    return backend.generate([prompt], 1, GREEDY)[0][0].text
+
+
+def n_tokens(backend, prompt: str) -> int:
+    return len(backend.llm.tokenize(backend.render(prompt).encode(), add_bos=False, special=True))
+
+
+def test_a_restored_prefix_gives_the_full_prefill_greedy_output_and_skips_the_prefix(tmp_path, smol):
     rules = " ".join(f"Rule {i}: answer briefly and in English, with one short sentence." for i in range(40))
     prompts = [f"{rules}\n\nQuestion: {q}" for q in ("What colour is the sky?", "What is two plus two?",
                                                     "Name a large animal.")]
-    params = GenerationParams(temperature=0.0, max_tokens=12)
+    plain = smol()
+    expected = [greedy(plain, p) for p in prompts]
 
-    plain = LlamaCppBackend(path, n_ctx=2048, n_threads=1)
-    expected = [plain.generate([p], 1, params)[0][0].text for p in prompts]
-    plain.close()
-
-    first = LlamaCppBackend(path, n_ctx=2048, n_threads=1, prefix_cache=PrefixCache(tmp_path))
-    assert [first.generate([p], 1, params)[0][0].text for p in prompts[:2]] == expected[:2]
-    first.close()
+    first = smol(PrefixCache(tmp_path))
+    assert [greedy(first, p) for p in prompts[:2]] == expected[:2]
     assert len(list(tmp_path.glob("*.kv"))) == 1           # the two prompts' shared prefix, saved at the second
 
-    later = LlamaCppBackend(path, n_ctx=2048, n_threads=1, prefix_cache=PrefixCache(tmp_path))   # a new run
-    n_prompt = len(later.llm.tokenize(later.render(prompts[2]).encode(), add_bos=False, special=True))
-    assert later.generate([prompts[2]], 1, params)[0][0].text == expected[2]
-    assert later.prefill_tokens < n_prompt // 4             # only the question was read
-    later.close()
+    later = smol(PrefixCache(tmp_path))                    # a new run
+    assert greedy(later, prompts[2]) == expected[2]
+    assert later.prefill_tokens < n_tokens(later, prompts[2]) // 4   # only the question was read
 
 
-@needs_llama
-def test_a_state_llama_cpp_refuses_is_deleted_and_the_prompt_read_in_full(tmp_path):
-    from conductor.policy.llamacpp_backend import LlamaCppBackend
-
-    try:
-        path = embedded.model_path(SMOL)
-    except embedded.EmbeddedError as e:
-        pytest.skip(str(e))
+def test_a_state_llama_cpp_refuses_is_deleted_and_the_prompt_read_in_full(tmp_path, smol):
     prompt = " ".join(f"Rule {i}: answer briefly." for i in range(60)) + "\n\nQuestion: What colour is the sky?"
-    params = GenerationParams(temperature=0.0, max_tokens=12)
-    plain = LlamaCppBackend(path, n_ctx=2048, n_threads=1)
-    expected = plain.generate([prompt], 1, params)[0][0].text
-    plain.close()
-    backend = LlamaCppBackend(path, n_ctx=2048, n_threads=1, prefix_cache=PrefixCache(tmp_path))
+    expected = greedy(smol(), prompt)
+    backend = smol(PrefixCache(tmp_path))
     ids = backend.llm.tokenize(backend.render(prompt).encode(), add_bos=False, special=True)
     backend.prefix_cache.put(PrefixState(tuple(ids[:300]), b"\x01\x00\x00\x00" + b"not a kv state" * 50))
-    assert backend.generate([prompt], 1, params)[0][0].text == expected
+    assert greedy(backend, prompt) == expected
     assert backend.prefill_tokens == len(ids) and not list(tmp_path.glob("*.kv"))
-    backend.close()

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MAGIC = b"CKV1"
+MIN_SAVED_PREFIX = 256   # a prompt sharing fewer tokens than this with the previous one saves no state
 MIN_GAIN = 64   # a prefix state is saved only when it covers this many tokens more than the best stored one
 
 

@@ -24,15 +24,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from conductor.local.prefix_cache import MIN_GAIN, PrefixCache, PrefixState, common_length
+from conductor.local.prefix_cache import MIN_GAIN, MIN_SAVED_PREFIX, PrefixCache, PrefixState, common_length
 from conductor.policy.base import Generation, GenerationParams
 
 
 class LlamaCppBackend:
     name = "llamacpp"
-
-    # a prompt sharing fewer tokens than this with the previous one does not save a prefix state
-    MIN_SAVED_PREFIX = 256
 
     def __init__(self, model_path: str | Path, *, n_ctx: int = 8192, n_threads: int | None = None, n_batch: int = 512,
                  system_prompt: str | None = None, prefix_cache: PrefixCache | None = None):
@@ -106,7 +103,7 @@ class LlamaCppBackend:
             stored, shared = cache.best(ids)
             if shared > keep:   # a refused state leaves the KV cache empty: then nothing is kept
                 keep = shared if self._restore(stored) else common_length(llm.input_ids[: llm.n_tokens].tolist(), ids)
-            elif keep >= self.MIN_SAVED_PREFIX and keep > shared + MIN_GAIN:
+            elif keep >= MIN_SAVED_PREFIX and keep > shared + MIN_GAIN:
                 self._save(ids[:keep])
         keep = min(keep, len(ids) - 1)
         llm.n_tokens = keep               # eval() drops the KV cache past n_tokens
