@@ -7,8 +7,8 @@ transformers, sampled from the very object being trained.
 
 What the conductor learns (all of the workflow, under a grammar; ``conductor.learning.grpo.format``):
   * the workers of every step (any worker of the pool, by ordinal),
-  * each step's subtask, chosen from a vocabulary (``DEFAULT_SUBTASKS``: answer directly, write a Python
-    program that prints the answer, check the earlier work and give the final answer),
+  * each step's subtask, chosen from a vocabulary (``DEFAULT_SUBTASKS``: answer directly, reason and then write a
+    Python program that prints the answer, check the earlier work and give the final answer),
   * each later step's access list ([] or ["all"]; the first step sees nothing),
   * the workflow's length (1..--max-steps).
 Nothing is prefilled: the completion is the whole ``model_id``/``subtasks``/``access_list`` text, decoded under
@@ -127,7 +127,9 @@ class State:
     def __init__(self, root: Path, args: argparse.Namespace):
         self.root = root
         self.path = root / "progress.json"
-        frozen = {k: getattr(args, k) for k in FROZEN}
+        from conductor.learning.grpo.format import DEFAULT_SUBTASKS
+
+        frozen = {**{k: getattr(args, k) for k in FROZEN}, "subtasks": list(DEFAULT_SUBTASKS)}
         if self.path.is_file():
             self.data = json.loads(self.path.read_text())
             old = self.data.get("config", {})

@@ -8,8 +8,9 @@ to child, and the transformers policy backend applies it to every generation (re
 grammar a caller passes). The number of workers is read from the prompt's model list.
 
 The default vocabulary (``DEFAULT_SUBTASKS``) is what the local learning benchmark trains over: the direct
-subtask the single-worker baselines use (so those calls are shared through the response cache), a "write a
-program" subtask for the python tool worker to run, and a "check the earlier work" subtask.
+subtask the single-worker baselines use (so those calls are shared through the response cache), a "reason,
+then write a program" subtask whose program the python tool worker can run, and a "check the earlier work"
+subtask.
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ from typing import Any
 from conductor.policy.fixed import DIRECT_SUBTASK
 
 FORMAT_FILE = "conductor_format.json"
-CODE_SUBTASK = "Write a short Python program that computes the answer and prints only the final answer."
+# Reasoning first, then the program: measured on the local pool, a program written without reasoning first
+# was no better than the 1.5B answering alone (11 vs 12 of 30 GSM8K tuning questions), and the reasoned
+# program run by the python worker was right on 13 of 30 held-out ones where the 1.5B alone got 8
+# (docs/learning.md). "Prints only the final answer" because a two-step workflow ends on what it prints.
+CODE_SUBTASK = ("Work out the solution step by step in a few short sentences. Then write a short Python program "
+                "that follows your steps and prints only the final answer, in one python code block. "
+                "Do not write its output.")
 CHECK_SUBTASK = ("Check the earlier work step by step, fix any mistake, and give the final answer "
                  "in the format the question asks for.")
 DEFAULT_SUBTASKS = (DIRECT_SUBTASK, CODE_SUBTASK, CHECK_SUBTASK)
