@@ -12,7 +12,8 @@ What the conductor learns (all of the workflow, under a grammar; ``conductor.lea
   * each later step's access list ([] or ["all"]; the first step sees nothing),
   * the workflow's length (1..--max-steps).
 Nothing is prefilled: the completion is the whole ``model_id``/``subtasks``/``access_list`` text, decoded under
-the grammar so every sample parses, and every token of it is trained on.
+the grammar so every sample parses; the loss sees the tokens where the grammar left a choice (the workers, the
+first token of each subtask, "another step?", the access lists), not the ones it forced.
 
 Feasible on 2 cores by design:
   * workers decode at temperature 0 and share one content-addressed response cache (state dir), and the
@@ -129,7 +130,9 @@ class State:
         self.path = root / "progress.json"
         from conductor.learning.grpo.format import DEFAULT_SUBTASKS
 
-        frozen = {**{k: getattr(args, k) for k in FROZEN}, "subtasks": list(DEFAULT_SUBTASKS)}
+        # the vocabulary and what the loss sees are part of the design: a state dir of another one is refused
+        frozen = {**{k: getattr(args, k) for k in FROZEN}, "subtasks": list(DEFAULT_SUBTASKS),
+                  "loss_tokens": "grammar choices"}
         if self.path.is_file():
             self.data = json.loads(self.path.read_text())
             old = self.data.get("config", {})

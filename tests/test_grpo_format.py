@@ -80,6 +80,35 @@ def test_format_travels_with_the_checkpoint_and_governs_decoding(tiny, tmp_path)
     assert not (Path(tiny) / FORMAT_FILE).exists()
 
 
+def test_only_the_grammars_choices_are_trained(tiny, tmp_path):
+    """Under a decoding contract most completion tokens are forced (a vocabulary subtask after its first
+    token, brackets, quotes): the loss sees exactly the choices, 3 per step of a workflow (worker, subtask,
+    and "another step?" / the access list), and a GRPO step on real grammar-decoded samples counts them."""
+    from conductor.learning.grpo.config import GRPOConfig
+    from conductor.learning.grpo.trainer import grpo_step
+    from conductor.policy.transformers_backend import TransformersBackend, choice_positions
+
+    fmt = ConductorFormat(max_steps=2)
+    base = formatted_base(str(tiny), fmt, tmp_path / "base")
+    backend = TransformersBackend.load(base, batch_size=4)
+    prompt = _prompts()[1]
+    gens = backend.generate([prompt], 4, GenerationParams(temperature=1.0, max_tokens=400, seed=5))[0]
+    for g in gens:
+        wf = parse_workflow(g.text, n_workers=4, max_steps=2)
+        choice = choice_positions(backend.llguidance_tokenizer(), fmt.grammar(4), g.token_ids)
+        assert len(choice) == len(g.token_ids) and sum(choice) == 3 * len(wf.steps), (g.text, choice)
+        picked = "".join(backend.tokenizer.decode([t]) for t, c in zip(g.token_ids, choice) if c)
+        assert picked[0] == str(wf.steps[0].worker) and all(s.subtask[0] in picked for s in wf.steps), picked
+    # a token the grammar would refuse: the rest of the completion counts as choices (not decoded under it)
+    bad = backend.tokenizer("model_id = [9]", add_special_tokens=False)["input_ids"]
+    assert choice_positions(backend.llguidance_tokenizer(), fmt.grammar(4), bad)[-1] is True
+    group = rollout("r", "q", [1.0, 0.0, 0.5, 1.0], completions=[g.text for g in gens], prompt=prompt,
+                    token_ids=[g.token_ids for g in gens], logprobs=[g.logprobs for g in gens])
+    _, m = grpo_step(str(base), group, GRPOConfig.cpu(total_iterations=1, max_completion_tokens=1024), out=str(tmp_path / "it1"))
+    assert m["n_choice_tokens"] == sum(3 * len(parse_workflow(g.text, n_workers=4, max_steps=2).steps) for g in gens)
+    assert m["n_tokens"] == sum(len(g.token_ids) for g in gens) > 4 * m["n_choice_tokens"]
+
+
 def test_nightly_with_a_format_trains_promotes_and_answer_uses_the_champion(tiny, tmp_path, monkeypatch):
     """The nightly flow end to end on a tiny model: the base gets the decoding contract, every rollout parses
     under it, the metrics go to MLflow (file store) and the curves to the report, the forced promotion makes

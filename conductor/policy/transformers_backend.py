@@ -46,7 +46,7 @@ class TransformersBackend:
         self.source = source
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.eos_ids = _eos_ids(model, tokenizer)
+        self.eos_ids = eos_token_ids(model, tokenizer)
         self._lltok: tuple[int, Any] | None = None     # (vocabulary size, llguidance tokenizer), built once
         # A checkpoint's decoding contract (conductor_format.json, conductor.learning.grpo.format): when set, every
         # generation decodes under its grammar for the number of workers the prompt lists.
@@ -217,13 +217,14 @@ class TransformersBackend:
 
     def grammar_processor(self, grammar: str) -> GrammarLogitsProcessor:
         """A fresh processor (one matcher per batch row) for one ``generate`` call."""
+        return GrammarLogitsProcessor(self.llguidance_tokenizer(), grammar, self.eos_ids)
+
+    def llguidance_tokenizer(self) -> Any:
+        """llguidance's view of this model's vocabulary, built once (rebuilt if the output size changes)."""
         n_vocab = int(self.model.get_output_embeddings().weight.shape[0])
         if self._lltok is None or self._lltok[0] != n_vocab:
-            import llguidance.hf
-
-            self._lltok = (n_vocab, llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=n_vocab,
-                                                                 eos_token=sorted(self.eos_ids)))
-        return GrammarLogitsProcessor(self._lltok[1], grammar, self.eos_ids)
+            self._lltok = (n_vocab, llguidance_vocabulary(self.model, self.tokenizer, self.eos_ids))
+        return self._lltok[1]
 
     def close(self) -> None:
         self.model = None
@@ -275,7 +276,41 @@ class GrammarLogitsProcessor:
         return scores.masked_fill(~torch.from_numpy(allow).to(scores.device), float("-inf"))
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+def llguidance_vocabulary(model: Any, tokenizer: Any, eos_ids: set[int]) -> Any:
+    """llguidance's tokenizer for a model: its vocabulary at the output layer's size, its end tokens."""
+    import llguidance.hf
+
+    n_vocab = int(model.get_output_embeddings().weight.shape[0])
+    return llguidance.hf.from_tokenizer(tokenizer, n_vocab=n_vocab, eos_token=sorted(eos_ids))
+
+
+def choice_positions(lltok: Any, grammar: str, token_ids: list[int]) -> list[bool]:
+    """For each token of a completion decoded under ``grammar``: did the grammar leave a choice there?
+
+    WHY: under a workflow grammar most of a completion is forced (the rest of a vocabulary subtask once its
+    first token is out, brackets, quotes, the end token): the constrained policy puts probability 1 on those
+    tokens whatever the weights, so they carry no decision and no policy gradient. Training on them anyway
+    spends most of a token-weighted loss (and the KL and entropy figures) on tokens that never change a
+    workflow. A position counts as a choice when the grammar allowed more than one token; tokens after one
+    the grammar rejects (not decoded under it) all count as choices.
+    """
+    import llguidance
+    import numpy as np
+
+    matcher = llguidance.LLMatcher(lltok, llguidance.grammar_from("gbnf", grammar), log_level=0)
+    out: list[bool] = []
+    for i, t in enumerate(token_ids):
+        if matcher.is_stopped():
+            out.append(False)                    # past a complete workflow only the end token may follow
+            continue
+        bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
+        out.append(int(bits.sum()) > 1)
+        if not matcher.consume_token(int(t)):
+            return out + [True] * (len(token_ids) - i - 1)
+    return out
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> set[int]:
     """End-of-turn ids: the generation config's, the tokenizer's, and ChatML's ``<|im_end|>``."""
     ids: set[int] = set()
     cfg = getattr(model, "generation_config", None)

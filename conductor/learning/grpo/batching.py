@@ -22,6 +22,11 @@ class Encoded:
     behaviour: list[float] | None
     advantage: float
     reward: float
+    choice: list[bool] | None = None    # per completion token: a grammar choice (None: every token is one)
+
+    def trained(self) -> list[bool]:
+        """Which completion tokens the loss sees: the grammar's choices (forced tokens carry no decision)."""
+        return list(self.choice) if self.choice is not None else [True] * len(self.completion_ids)
 
 
 def render_prompt(tokenizer: Any, prompt: str, system_prompt: str | None = None) -> list[int]:
@@ -64,9 +69,12 @@ def make_batch(items: list[Encoded], pad_id: int, device: str, share_prompt: boo
     comp = torch.tensor([e.completion_ids + [pad_id] * (C - len(e.completion_ids)) for e in items], device=device)
     cmask = torch.tensor([[1] * len(e.completion_ids) + [0] * (C - len(e.completion_ids)) for e in items],
                          device=device, dtype=torch.bool)
+    # the tokens the loss sees (attention still sees every completion token): the grammar's choices
+    lmask = torch.tensor([e.trained() + [False] * (C - len(e.completion_ids)) for e in items],
+                         device=device, dtype=torch.bool)
     if share_prompt and same_prompt(items):
         return {"prompt_ids": torch.tensor([items[0].prompt_ids], device=device), "completion_ids": comp,
-                "completion_mask": cmask, "P": len(items[0].prompt_ids), "C": C, "shared": True}
+                "completion_mask": cmask, "loss_mask": lmask, "P": len(items[0].prompt_ids), "C": C, "shared": True}
     P = max(len(e.prompt_ids) for e in items)
     ids, att = [], []
     for e in items:
@@ -77,7 +85,7 @@ def make_batch(items: list[Encoded], pad_id: int, device: str, share_prompt: boo
     attention = torch.tensor(att, device=device)
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
     return {"input_ids": input_ids, "attention_mask": attention, "position_ids": position_ids,
-            "completion_ids": comp, "completion_mask": cmask, "P": P, "C": C, "shared": False}
+            "completion_ids": comp, "completion_mask": cmask, "loss_mask": lmask, "P": P, "C": C, "shared": False}
 
 
 def model_calls(items: list[Encoded], share: bool) -> int:

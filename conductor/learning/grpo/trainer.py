@@ -85,6 +85,7 @@ class PolicyTrainer:
             self.device, _ = device_dtype(config)
         self.parent_lineage = read_parent_lineage(spec)
         self.conductor_format = parent_format(spec)     # the decoding contract travels to every child
+        self._lltok: Any = None                         # llguidance's vocabulary, for the contract's choices
         self.model, self.tokenizer = load_policy(spec, config, for_sharding=self.sharded)
         self.global_step = int(self.parent_lineage.get("global_step", 0))
         self.iteration = int(self.parent_lineage.get("iteration", 0))
@@ -204,6 +205,7 @@ class PolicyTrainer:
         trajectories = list(trajectories)
         samples, stats = self._samples(trajectories)
         enc = [encode(self.tokenizer, s, cfg, self.system_prompt) for s in samples]
+        self._mark_choices(enc, samples)
         enc = [e for e in enc if e.completion_ids]
         if self.sharded:
             self._check_same_batch(enc)
@@ -220,6 +222,22 @@ class PolicyTrainer:
         if self.tracker is not None and (not self.sharded or self.world.rank == 0):
             self.tracker.log(metrics, step=self.iteration)
         return metrics
+
+    def _mark_choices(self, enc: list[Encoded], samples: list[Sample]) -> None:
+        """Under a decoding contract, the loss sees only the tokens where the grammar left a choice
+        (``transformers_backend.choice_positions``); without one, every completion token."""
+        fmt = self.conductor_format
+        if fmt is None:
+            return
+        from conductor.learning.grpo.format import n_workers_in
+        from conductor.policy.transformers_backend import choice_positions, eos_token_ids, llguidance_vocabulary
+
+        if self._lltok is None:
+            self._lltok = llguidance_vocabulary(self.model, self.tokenizer, eos_token_ids(self.model, self.tokenizer))
+        for e, s in zip(enc, samples, strict=True):
+            k = n_workers_in(s.prompt)
+            if k and e.completion_ids:
+                e.choice = choice_positions(self._lltok, fmt.grammar(k), e.completion_ids)
 
     def _samples(self, trajectories: list[Any]) -> tuple[list[Sample], SampleStats]:
         """The batch's samples with their advantages; records the rollout runs and pools for the lineage."""

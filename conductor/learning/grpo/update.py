@@ -100,7 +100,7 @@ def optimizer_step(trainer: Trainable, group: list[Encoded], share: bool, result
 
     cfg = trainer.cfg
     n_seqs = len(group)
-    n_tokens = sum(len(e.completion_ids) for e in group)
+    n_tokens = sum(sum(e.trained()) for e in group)
     # A zero advantage gives exactly zero gradient when beta = 0: skip its forward pass,
     # but keep it in the normalisers so the loss equals the full-batch loss.
     active = [e for e in group if e.advantage != 0 or cfg.kl_beta > 0]
@@ -140,7 +140,7 @@ def micro_batch_step(trainer: Trainable, chunk: list[Encoded], real: bool, share
     b = make_batch(chunk, trainer.tokenizer.pad_token_id, device, share)
     with autocast(cfg, device):
         logp, ent = completion_logprobs(trainer.model, b, cfg.temperature, with_entropy=True)
-    mask = b["completion_mask"]
+    mask = b["loss_mask"]
     beh = torch.zeros_like(logp)
     for j, e in enumerate(chunk):
         beh[j, : len(e.behaviour)] = torch.tensor(e.behaviour, dtype=logp.dtype, device=logp.device)
@@ -200,6 +200,7 @@ def iteration_metrics(trainer: Trainable, result: UpdateResult, trajectories: li
         "n_trajectories": stats.n_trajectories, "n_samples": stats.n_samples, "n_groups": stats.n_groups,
         "n_zero_advantage_groups": stats.n_zero_advantage_groups, "n_infra_failed": stats.n_infra_failed,
         "n_recomputed_behaviour": n_recomputed, "n_tokens": sum(len(e.completion_ids) for e in enc),
+        "n_choice_tokens": sum(sum(e.trained()) for e in enc),    # what the loss sees (a grammar's choices)
         "time_s": round(time.time() - t0, 3),
     }
     roll = rollout_metrics(trajectories)
