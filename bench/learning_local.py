@@ -91,7 +91,8 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-steps", type=int, default=2)
     ap.add_argument("--fewshot", default="ood:1", help="conductor prompt's few-shot policy (conductor.prompts)")
     ap.add_argument("--subpool-k", type=int, default=None, help="randomized k-of-n sub-pool per training question")
-    ap.add_argument("--lr", type=float, default=2e-5)
+    ap.add_argument("--lr", type=float, default=5e-6,
+                    help="at 2e-5 the choice-only loss collapsed the policy to one workflow in 3 iterations")
     ap.add_argument("--lr-schedule", default="constant", choices=["cosine", "constant"])
     ap.add_argument("--temperature", type=float, default=1.0, help="rollout sampling temperature")
     ap.add_argument("--max-tokens", type=int, default=160, help="conductor completion limit")
