@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from conductor.execution.sqlite_wal import connect_wal
 from conductor.workers.providers.base import Completion, Message, ProviderError
 from conductor.workers.secrets import redact
 
@@ -107,12 +108,12 @@ class ResponseCache:
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = sqlite3.connect(self.path, timeout=self._busy_ms / 1000, isolation_level=None)
-            conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
             if self.mode != "replay" and self.mode != "read_only":
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=NORMAL")
+                conn = connect_wal(self.path, self._busy_ms / 1000)
                 conn.execute(_SCHEMA)
+            else:
+                conn = sqlite3.connect(self.path, timeout=self._busy_ms / 1000, isolation_level=None)
+                conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
             self._local.conn = conn
         return conn
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from conductor.execution.ratelimit import Bucket, bucket_shapes, check_pause
+from conductor.execution.sqlite_wal import connect_wal
 
 if TYPE_CHECKING:
     from conductor.execution.ratelimit import SharedLimits
@@ -70,9 +71,7 @@ class SQLiteLimits:
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
+            conn = connect_wal(self.path, busy_timeout_s=60.0)
             conn.executescript(_SCHEMA)
             self._local.conn = conn
         return conn

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from conductor.execution.cache import close_confined
+from conductor.execution.sqlite_wal import connect_wal
 from conductor.workers.secrets import redact
 
 T = TypeVar("T")
@@ -96,10 +97,7 @@ class BatchStore:
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = sqlite3.connect(self.path, timeout=self._busy_s, isolation_level=None)
-            conn.execute(f"PRAGMA busy_timeout={int(self._busy_s * 1000)}")
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
+            conn = connect_wal(self.path, self._busy_s)
             for stmt in _SCHEMA:
                 conn.execute(stmt)
             self._local.conn = conn
