@@ -108,9 +108,12 @@ def train_step(
     try:
         path, metrics = grpo_step(from_, trajectories, cfg, out=out, checkpoint_id=checkpoint_id)
     except TrainError as e:
+        distributed.shutdown(wait_for_peers=False)
         _fail(str(e))
-    finally:
-        distributed.shutdown()
+    except BaseException:
+        distributed.shutdown(wait_for_peers=False)
+        raise
+    distributed.shutdown()
     if not distributed.world().is_main:
         return
     if register:

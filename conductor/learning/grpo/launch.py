@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from typing import Any
@@ -58,13 +59,42 @@ def torchrun_command(nproc_per_node: int, *, run_id: str, lake: str, base: str, 
     return cmd
 
 
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*")
+
+
+def failure_reason(stderr: str, returncode: int) -> str:
+    """One line saying why the processes failed: the CLI's ``error: ...``, else the last exception line of a
+    traceback, else torchrun's ``exitcode``/``error_file`` summary, else the last line that is not a rule.
+
+    >>> failure_reason("x\\nerror: bad lake\\n====", 1)
+    'bad lake'
+    >>> failure_reason("Traceback (most recent call last):\\n  f()\\nRuntimeError: gloo: connection reset\\n" + "=" * 20, 1)
+    'RuntimeError: gloo: connection reset'
+    >>> failure_reason("Root Cause\\n  exitcode  : -9 (pid: 7)\\nx.ChildFailedError:\\n" + "=" * 20, 1)
+    'exitcode  : -9 (pid: 7)'
+    >>> failure_reason("", 3)
+    'exit code 3'
+    """
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+
+    def child_exception(ln: str) -> bool:     # torchrun's own ChildFailedError only says "a child failed"
+        return bool(_EXCEPTION_LINE.match(ln)) and "ChildFailedError" not in ln
+
+    for pick in (lambda ln: ln.startswith("error: "), child_exception, lambda ln: ln.startswith("exitcode"),
+                 lambda ln: ln.strip("=-_ ") != ""):
+        found = [ln for ln in lines if pick(ln)]
+        if found:
+            line = found[0] if found[0].startswith("error: ") else found[-1]
+            return line.removeprefix("error: ")
+    return f"exit code {returncode}"
+
+
 def torchrun_train_step(nproc_per_node: int, *, run_id: str, lake: str, base: str, out: str,
                         checkpoint_id: str | None = None, config: dict[str, Any] | None = None,
                         env: dict[str, str] | None = None, timeout: float | None = None) -> tuple[str, dict[str, Any]]:
     """Run the step in ``nproc_per_node`` processes; returns (checkpoint, metrics) as ``grpo_step`` does.
 
-    A failure raises ``TrainError`` with the CLI's one-line ``error: ...`` when there is one, else the
-    last line the processes wrote.
+    A failure raises ``TrainError`` with one line from the processes' output (``failure_reason``).
     """
     cmd = torchrun_command(nproc_per_node, run_id=run_id, lake=lake, base=base, out=out,
                            checkpoint_id=checkpoint_id, config=config)
@@ -75,10 +105,8 @@ def torchrun_train_step(nproc_per_node: int, *, run_id: str, lake: str, base: st
     except subprocess.TimeoutExpired:
         raise TrainError(f"torchrun train-step on {run_id!r}: no result after {timeout} s") from None
     if p.returncode != 0:
-        lines = [ln.strip() for ln in p.stderr.splitlines() if ln.strip()]
-        errors = [ln for ln in lines if ln.startswith("error: ")]
-        why = errors[0].removeprefix("error: ") if errors else (lines[-1] if lines else f"exit code {p.returncode}")
-        raise TrainError(f"torchrun train-step ({nproc_per_node} processes) failed: {why}")
+        raise TrainError(f"torchrun train-step ({nproc_per_node} processes) failed: "
+                         f"{failure_reason(p.stderr, p.returncode)}")
     try:
         res = json.loads(p.stdout[p.stdout.index("{"):])
         return res["checkpoint"], res["metrics"]
