@@ -631,7 +631,7 @@ def run_all(a: argparse.Namespace, state: State, pool: Any, live_pool: Any, exec
     history = [{k: v for k, v in c.items() if k != "shapes"} for c in state.data["curve"]]
     return {"conductor": a.conductor_model, "iterations": a.iterations, "evals": evals, "single": single,
             "curve": state.data["curve"], "metrics_history": history,
-            "cmp": compare_arms(trained, untrained, single_rows), "executor": dict(executor.stats)}
+            "cmp": compare_arms(trained, untrained, single_rows), "executor_this_session": dict(executor.stats)}
 
 
 def report(a: argparse.Namespace, res: dict[str, Any], cmp: dict[str, Any], out: Path, root: Path, state: State) -> None:
@@ -646,7 +646,7 @@ def report(a: argparse.Namespace, res: dict[str, Any], cmp: dict[str, Any], out:
     os.replace(out / ".learning_local.json.tmp", out / "learning_local.json")
     print("trained vs best single worker:\n" + vb.render(), flush=True)
     print("trained vs untrained:\n" + vu.render(), flush=True)
-    print(f"wall time {res['wall_s'] / 3600:.2f} h over {len(state.data['sessions'])} session(s); executor {res['executor']}; "
+    print(f"wall time {res['wall_s'] / 3600:.2f} h over {len(state.data['sessions'])} session(s); this session's executor {res['executor_this_session']}; "
           f"target (trained >= best + 2 s.e. and > untrained): {'met' if met else 'NOT met'}; figures in {out}", flush=True)
     print(f"untrained_accuracy={u['accuracy']:.4f} trained_accuracy={t['accuracy']:.4f} trained_se={t['se']:.4f} "
           f"best_single_worker_accuracy={b_acc:.4f} best_single_worker={best} p_value={vb.bootstrap.p_value:.4g}",
