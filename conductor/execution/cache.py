@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from conductor.execution.sqlite_wal import connect_wal
+from conductor.execution.sqlite_wal import connect, connect_wal
 from conductor.workers.providers.base import Completion, Message, ProviderError
 from conductor.workers.secrets import redact
 
@@ -112,8 +112,7 @@ class ResponseCache:
                 conn = connect_wal(self.path, self._busy_ms / 1000)
                 conn.execute(_SCHEMA)
             else:
-                conn = sqlite3.connect(self.path, timeout=self._busy_ms / 1000, isolation_level=None)
-                conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
+                conn = connect(self.path, self._busy_ms / 1000)
             self._local.conn = conn
         return conn
 

@@ -15,6 +15,13 @@ import sqlite3
 import time
 
 
+def connect(path: str, busy_timeout_s: float) -> sqlite3.Connection:
+    """Autocommit connection to ``path`` that waits up to ``busy_timeout_s`` on another writer's lock."""
+    conn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None)
+    conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+    return conn
+
+
 def connect_wal(path: str, busy_timeout_s: float, retry_s: float = 0.02) -> sqlite3.Connection:
     """Autocommit connection to ``path`` with a busy timeout, WAL journal and ``synchronous=NORMAL``.
 
@@ -25,9 +32,8 @@ def connect_wal(path: str, busy_timeout_s: float, retry_s: float = 0.02) -> sqli
     >>> conn.execute("PRAGMA journal_mode").fetchone()[0]
     'wal'
     """
-    conn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None)
+    conn = connect(path, busy_timeout_s)
     try:
-        conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
         deadline = time.monotonic() + busy_timeout_s
         while True:
             try:
