@@ -18,7 +18,8 @@ first token of each subtask, "another step?", the access lists), not the ones it
 Feasible on 2 cores by design:
   * workers decode at temperature 0 and share one content-addressed response cache (state dir), and the
     sample index is not part of a temperature-0 call's key (``ReuseExecutor``): a repeated (worker, subtask,
-    visible context) call costs nothing, within a GRPO group, across iterations and across resumes;
+    visible context) call costs nothing, within a GRPO group (the executor makes identical calls in flight
+    together once), across iterations and across resumes;
   * the subtask vocabulary makes calls repeat: a training question has a few dozen distinct calls at most,
     so a small training set revisited for many iterations is answered from the cache after its first visits;
     the single-worker baselines use the vocabulary's direct subtask, so their calls are shared too;
@@ -615,15 +616,15 @@ def run_all(a: argparse.Namespace, state: State, pool: Any, live_pool: Any, exec
     trainer = make_trainer(a, state, base, tracker)
     policy = TransformersBackend(trainer.model, trainer.tokenizer, batch_size=max(a.group_size, 8))
     policy.conductor_format = trainer.conductor_format
-    untrained_policy = policy
-    if trainer.iteration > 0 and not state.data["phases"].get("untrained", {}).get("done"):
-        untrained_policy = TransformersBackend.load(base, threads=a.threads)     # the base weights, not the resumed ones
+    # training before the untrained evaluation: the learning signal shows first, and the untrained arm is the
+    # base weights loaded again (its evaluation shards, if an earlier session committed some, are kept)
+    train_loop(a, state, trainer, policy, train, pool=live_pool, executor=executor, lake=lake)
+    untrained_policy = TransformersBackend.load(base, threads=a.threads)
     untrained = run_eval("untrained", held, replace(eval_spec, run_id="eval-untrained", checkpoint_id="untrained"),
                          untrained_policy, executor, lake, a, state)
     state.data["phases"]["untrained"]["done"] = True
     evals = {"untrained": summarize(untrained)}
     print(_fmt("untrained", evals["untrained"]), flush=True)
-    train_loop(a, state, trainer, policy, train, pool=live_pool, executor=executor, lake=lake)
     trained = run_eval("trained", held, replace(eval_spec, run_id="eval-trained", checkpoint_id="trained"),
                        policy, executor, lake, a, state)
     evals["trained"] = summarize(trained)

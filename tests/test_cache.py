@@ -13,11 +13,12 @@ import pytest
 from conductor.execution.cache import ResponseCache, cache_key
 from conductor.execution.executor import Executor
 from conductor.execution.recursion import run_batch
+from conductor.trajectory import CallRecord
 from conductor.workers.cost import summarize_run
 from conductor.workers.emulator import Emulator
 from conductor.workers.pool import Worker
 from conductor.workers.providers.base import Completion, Message
-from tests.fixtures_emulator import emu, emulator, lists, make_traj, three_provider_pool  # noqa: F401
+from tests.fixtures_emulator import emu, emulator, lists, make_traj, three_provider_pool, worker  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 WF = lists([0, 1, 2], ["Solve.", "Solve again.", "Pick the better answer."], [[], [], ["all"]])
@@ -95,6 +96,58 @@ _WRITER = textwrap.dedent("""
     asyncio.run(main())
     cache.close()
 """)
+
+
+def _record() -> CallRecord:
+    return CallRecord(call_id="0.0", parent_call_id=None, depth=0, step=0, worker_index=0, worker="gpt",
+                      provider="openai", model="gpt-model", subtask="Solve.")
+
+
+def _same_call_eight_times(emu: Emulator, tmp_path: Path, **limits: float) -> tuple[list, list[CallRecord], Executor]:
+    w = worker(emu, "gpt", "openai", limits=limits)
+    ex = Executor(cache=ResponseCache(tmp_path / "c.sqlite"))
+    recs = [_record() for _ in range(8)]
+
+    async def main():
+        return await asyncio.gather(*(ex.call(w, [Message("user", "What is 6 * 7?")], r) for r in recs),
+                                    return_exceptions=True)
+
+    return asyncio.run(main()), recs, ex
+
+
+def test_identical_calls_in_flight_together_are_made_once(emu: Emulator, tmp_path: Path) -> None:
+    emu.configure(latency_s=0.3)                   # all eight are in flight before the first reply
+    out, recs, ex = _same_call_eight_times(emu, tmp_path)
+    assert sum(v for k, v in emu.stats().items() if ":" not in k) == 1
+    assert len({c.text for c in out}) == 1 and all(r.response == out[0].text for r in recs)
+    assert sum(not r.cache_hit for r in recs) == 1 and ex.stats["coalesced"] == 7 and ex.stats["calls"] == 1
+    assert ex.cache is not None and ex.cache.count() == 1
+
+
+def test_a_failed_call_does_not_fail_the_identical_ones_waiting_on_it(emu: Emulator, tmp_path: Path) -> None:
+    emu.configure(latency_s=0.3, faults=[{"kind": "500", "count": 1}])
+    out, recs, ex = _same_call_eight_times(emu, tmp_path, max_retries=0)
+    failed = [r for r in recs if r.error_kind is not None]
+    assert len(failed) == 1 and sum(isinstance(o, Exception) for o in out) == 1   # only the call that got the 500
+    assert emu.stats()["openai"] == 2                                          # then one of the others, once
+    assert len({r.response for r in recs if r.error_kind is None}) == 1 and ex.stats["coalesced"] == 6
+
+
+def test_cancelling_the_call_others_wait_on_does_not_cancel_them(emu: Emulator, tmp_path: Path) -> None:
+    emu.configure(latency_s=0.3)
+    w = worker(emu, "gpt", "openai")
+    ex = Executor(cache=ResponseCache(tmp_path / "c.sqlite"))
+
+    async def main():
+        calls = [asyncio.create_task(ex.call(w, [Message("user", "q")], _record())) for _ in range(3)]
+        await asyncio.sleep(0.1)
+        calls[0].cancel()                          # the one the other two are waiting on
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    first, *others = asyncio.run(main())
+    assert isinstance(first, asyncio.CancelledError)
+    assert all(isinstance(o, Completion) for o in others) and others[0].text == others[1].text
+    assert ex.stats["calls"] == 1 and ex.stats["coalesced"] == 1
 
 
 def test_several_processes_write_concurrently(tmp_path: Path) -> None:

@@ -16,13 +16,18 @@ Failure taxonomy:
   (``finish_reason``) and passed on like any reply.
 Steps not yet started when a failure happens are not started; calls already in
 flight finish and are cached, so a rerun does not pay for them again.
+
+Identical calls in flight together are made once (with a cache): a call whose cache key
+is already being fetched waits for that reply instead of asking the provider again, and
+is recorded as a cache hit. GRPO groups and bulk runs at temperature 0 issue the same
+call many times at once, before any of them has reached the cache.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -105,6 +110,9 @@ class Executor:
     it rebuilds its SDK clients and limiters, since those cannot cross loops.
     """
 
+    #: make identical concurrent calls once (needs a cache: the key is the cache key)
+    coalesce_identical_calls = True
+
     def __init__(self, *, cache: ResponseCache | None = None, limiter: RateLimiter | None = None,
                  retry: RetryPolicy | None = None, budget: Budget | None = None):
         self.cache = cache
@@ -114,15 +122,17 @@ class Executor:
         self.budget = budget or Budget()
         self._providers: dict[int, tuple[Worker, Provider]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.stats: dict[str, int] = {"calls": 0, "cache_hits": 0, "retries": 0, "failures": 0}
+        self._in_flight: dict[str, asyncio.Future[Completion]] = {}
+        self.stats: dict[str, int] = {"calls": 0, "cache_hits": 0, "coalesced": 0, "retries": 0, "failures": 0}
 
     # ------------------------------------------------------------ plumbing
     def _bind_loop(self) -> None:
         loop = asyncio.get_running_loop()
         if loop is self._loop:
             return
-        if self._loop is not None:   # a previous asyncio.run: its clients and semaphores are dead
+        if self._loop is not None:   # a previous asyncio.run: its clients, semaphores and futures are dead
             self._providers.clear()
+            self._in_flight.clear()
             self.limiter = self._limiter_template.fresh()
         self._loop = loop
 
@@ -153,30 +163,16 @@ class Executor:
         start = time.perf_counter()
         rec.messages_hash = messages_hash(messages)
         try:
-            key = cache_key(worker, messages, sample_index) if self.cache is not None else ""
-            if self.cache is not None:
-                hit = await self.cache.get(key)
-                if hit is not None:
-                    state.admit(who)
-                    self._fill(rec, worker, hit, start, cache_hit=True)
-                    state.dollars += rec.cost_usd
-                    self.stats["cache_hits"] += 1
-                    return hit
-                if self.cache.mode == "replay":
-                    raise self.cache.miss_error(worker)
-            state.admit(who)
-            completion, retries = await self._call_provider(worker, messages, sample_index, state, who)
-            clean = redact(completion.text)    # a reply must never carry a key into records or later prompts
-            if clean != completion.text:
-                completion = Completion(clean, completion.input_tokens, completion.output_tokens, completion.finish_reason)
-            rec.retries = retries
-            self.stats["calls"] += 1
-            self.stats["retries"] += retries
-            self._fill(rec, worker, completion, start, cache_hit=False)
-            state.dollars += rec.cost_usd
-            if self.cache is not None:
-                await self.cache.put(key, worker, completion)
-            return completion
+            if self.cache is None:
+                return await self._fetch(worker, messages, rec, sample_index, state, who, start, "")
+            key = cache_key(worker, messages, sample_index)
+            if not self.coalesce_identical_calls:
+                return await self._fetch(worker, messages, rec, sample_index, state, who, start, key)
+            shared = await self._reply_in_flight(key)
+            if shared is not None:
+                self.stats["coalesced"] += 1
+                return self._reuse(shared, worker, rec, state, who, start)
+            return await self._lead(key, self._fetch(worker, messages, rec, sample_index, state, who, start, key))
         except ProviderError as e:
             self.stats["failures"] += 1
             log.warning("call failed for %s (%s): %s", who, e.kind, e)
@@ -185,6 +181,73 @@ class Executor:
             rec.error_kind = e.kind
             rec.latency_s = time.perf_counter() - start
             raise
+
+    async def _reply_in_flight(self, key: str) -> Completion | None:
+        """The reply of an identical call already in flight, once it arrives; None if there is none (any more).
+
+        When that call fails, its failure is its own (its question's budget, its retries): this call then
+        looks again and, if no other identical call is in flight, is made by its caller.
+        """
+        while (pending := self._in_flight.get(key)) is not None:
+            try:
+                return await asyncio.shield(pending)
+            except (ProviderError, asyncio.CancelledError):
+                task = asyncio.current_task()
+                own_cancel = not pending.done() or (task is not None and task.cancelling() > 0)
+                if own_cancel or not (pending.cancelled() or isinstance(pending.exception(), ProviderError)):
+                    raise                       # this call itself was cancelled, not the one it waited for
+        return None
+
+    async def _lead(self, key: str, fetch: Awaitable[Completion]) -> Completion:
+        """Run ``fetch`` as the one call for ``key`` that identical calls arriving meanwhile wait for."""
+        pending: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        self._in_flight[key] = pending
+        try:
+            c = await fetch
+        except ProviderError as e:
+            pending.set_exception(e)
+            pending.exception()                 # retrieved: no "never retrieved" warning when nobody waited
+            raise
+        except BaseException:
+            pending.cancel()
+            raise
+        else:
+            pending.set_result(c)
+            return c
+        finally:
+            self._in_flight.pop(key, None)
+
+    def _reuse(self, c: Completion, worker: Worker, rec: CallRecord, state: QuestionState, who: str,
+               start: float) -> Completion:
+        """Record a reply that cost no provider call (a cache hit, or an identical call's reply)."""
+        state.admit(who)
+        self._fill(rec, worker, c, start, cache_hit=True)
+        state.dollars += rec.cost_usd
+        self.stats["cache_hits"] += 1
+        return c
+
+    async def _fetch(self, worker: Worker, messages: list[Message], rec: CallRecord, sample_index: int,
+                     state: QuestionState, who: str, start: float, key: str) -> Completion:
+        """The reply from the cache (``key``, if there is a cache) or from the provider, stored after."""
+        if self.cache is not None:
+            hit = await self.cache.get(key)
+            if hit is not None:
+                return self._reuse(hit, worker, rec, state, who, start)
+            if self.cache.mode == "replay":
+                raise self.cache.miss_error(worker)
+        state.admit(who)
+        completion, retries = await self._call_provider(worker, messages, sample_index, state, who)
+        clean = redact(completion.text)    # a reply must never carry a key into records or later prompts
+        if clean != completion.text:
+            completion = Completion(clean, completion.input_tokens, completion.output_tokens, completion.finish_reason)
+        rec.retries = retries
+        self.stats["calls"] += 1
+        self.stats["retries"] += retries
+        self._fill(rec, worker, completion, start, cache_hit=False)
+        state.dollars += rec.cost_usd
+        if self.cache is not None:
+            await self.cache.put(key, worker, completion)
+        return completion
 
     async def _call_provider(self, worker: Worker, messages: list[Message], sample_index: int,
                              state: QuestionState, who: str) -> tuple[Completion, int]:

@@ -32,6 +32,10 @@ _CURRENT: contextvars.ContextVar[tuple[CallRecord, Participant] | None] = contex
 
 
 class BatchExecutor(Executor):
+    # a call waiting on an identical one would be neither parked nor done, so a wave would wait for it forever;
+    # identical requests in one wave are cheap anyway (half price, and the cache serves every later one)
+    coalesce_identical_calls = False
+
     def __init__(self, *, store: BatchStore, settings: BatchSettings | None = None, **kw: Any):
         super().__init__(**kw)
         self.store = store
