@@ -26,6 +26,24 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("CONDUCTOR_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    """On a native crash print the crashing thread's stack only, not every thread's.
+
+    WHY: CI shows the beginning of a long output. A segfault in CI (stop 20) printed three idle threads first,
+    and the crashing one, listed last, was cut off. pytest's own handler stays in place if its stash key moves.
+    """
+    import faulthandler
+
+    try:
+        from _pytest.faulthandler import fault_handler_stderr_fd_key
+    except ImportError:
+        return
+    fd = config.stash.get(fault_handler_stderr_fd_key, None)
+    if fd is not None:
+        faulthandler.enable(file=fd, all_threads=False)
+
+
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("CONDUCTOR_RUN_SLOW") == "1" or "slow" in (config.getoption("-m") or ""):
         return
