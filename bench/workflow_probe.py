@@ -1,0 +1,170 @@
+"""Fixed workflows on the learning bench's TRAINING questions: which workflow is best in each domain.
+
+Why: GRPO can only find what the vocabulary offers. Before reading a learning run's held-out figure, this says
+what the best policy over that vocabulary scores on the same training questions (never the held-out ones),
+per domain, through the very same pipeline (prompt, parse, T = 0 workers, grade) as ``bench/learning_local.py``.
+
+A workflow is written the way the learning bench prints shapes (``shape_of``): ``worker/subtask`` per step,
+``>`` between steps, ``+`` before a step that sees every earlier one; subtasks are ``direct``, ``code`` and
+``check`` (``conductor.learning.grpo.format``). So a shape read off a run's curve can be pasted here.
+
+    python bench/workflow_probe.py --from-state runs/learning-local-q8          # that run's split and cache
+    python bench/workflow_probe.py --train-questions 96 --shapes "qwen2.5-coder-1.5b/check"
+
+Calls go through a response cache of its own (``--cache``), seeded from the run's cache when it is first made, so
+calls the run already paid for are free and a running bench's cache is never written. Resumable: finished shapes
+are kept in ``--out`` and skipped. Last line:
+``best_math=<shape> best_math_accuracy=<a> best_mcq=<shape> best_mcq_accuracy=<b> per_domain_best=<mean>
+best_single_shape=<shape> best_single_shape_accuracy=<c> questions=<n>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+from learning_local import DOMAINS, ROOT, ReuseExecutor, greedy_pool, run_batch, split_questions  # noqa: E402
+
+DEFAULT_SHAPES = (
+    "qwen2.5-coder-1.5b/direct",
+    "qwen2.5-coder-1.5b/check",
+    "qwen2.5-coder-1.5b/code > +python/direct",
+    "qwen2.5-coder-0.5b/check > +qwen2.5-coder-1.5b/check",
+    "qwen2.5-coder-0.5b/check > +qwen2.5-coder-1.5b/direct",
+)
+
+
+class ShapeError(ValueError):
+    pass
+
+
+def parse_shape(shape: str, workers: list[str]) -> Any:
+    """A shape string -> a ``Workflow`` over the pool's ordinals.
+
+    >>> wf = parse_shape("b/check > +a/direct", ["a", "b"])
+    >>> [(s.worker, s.access) for s in wf.steps]
+    [(1, ()), (0, 'all')]
+    >>> parse_shape("c/direct", ["a", "b"])
+    Traceback (most recent call last):
+    ...
+    workflow_probe.ShapeError: shape 'c/direct': step 1: unknown worker 'c' (pool: a, b)
+    """
+    from conductor.learning.grpo.format import CHECK_SUBTASK, CODE_SUBTASK
+    from conductor.policy.fixed import DIRECT_SUBTASK
+    from conductor.workflow import ALL, Step, Workflow
+
+    subtasks = {"direct": DIRECT_SUBTASK, "code": CODE_SUBTASK, "check": CHECK_SUBTASK}
+    steps = []
+    for i, part in enumerate(p.strip() for p in shape.split(">")):
+        sees_all = part.startswith("+")
+        name, _, sub = part.lstrip("+").partition("/")
+        if name not in workers:
+            raise ShapeError(f"shape {shape!r}: step {i + 1}: unknown worker {name!r} (pool: {', '.join(workers)})")
+        if sub not in subtasks:
+            raise ShapeError(f"shape {shape!r}: step {i + 1}: subtask {sub!r} is not one of {', '.join(subtasks)}")
+        if sees_all and i == 0:
+            raise ShapeError(f"shape {shape!r}: the first step has no earlier step to see")
+        steps.append(Step(workers.index(name), subtasks[sub], ALL if sees_all else ()))
+    return Workflow(tuple(steps))
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--from-state", default=None, help="a learning_local state dir: its split, pool and cache")
+    ap.add_argument("--pool", default=str(ROOT / "data/pools/local.yaml"))
+    ap.add_argument("--train-questions", type=int, default=96)
+    ap.add_argument("--eval-questions", type=int, default=200, help="only to reproduce the bench's split")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES))
+    ap.add_argument("--cache", default="runs/workflow-probe/cache.sqlite")
+    ap.add_argument("--out", default="runs/workflow-probe/results.json", help="per-question results (resumable)")
+    a = ap.parse_args(argv)
+    if a.from_state:
+        cfg = json.loads((Path(a.from_state) / "progress.json").read_text())["config"]
+        a.pool, a.train_questions = cfg["pool"], cfg["train_questions"]
+        a.eval_questions, a.seed = cfg["eval_questions"], cfg["seed"]
+    return a
+
+
+def _mean_se(xs: list[int]) -> tuple[float, float]:
+    """Accuracy and its standard error over questions.
+
+    >>> m, se = _mean_se([1, 0, 1, 0]); m, round(se, 4)
+    (0.5, 0.2887)
+    """
+    return sum(xs) / len(xs), (statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else 0.0)
+
+
+def probe(a: argparse.Namespace) -> dict[str, dict[str, list[int]]]:
+    """Every shape over the training questions; {shape: {domain: [0/1 per question]}}, saved after each shape."""
+    from conductor.execution.cache import ResponseCache
+    from conductor.local.servers import EmbeddedServers, resolve_embedded
+    from conductor.policy.fixed import FixedWorkflowPolicy
+    from conductor.run.pipeline import RunSpec
+
+    pool = greedy_pool(a.pool)
+    workflows = {s: parse_shape(s, [w.name for w in pool.workers]) for s in a.shapes}
+    train, _ = split_questions(a.train_questions, a.eval_questions, a.seed)
+    out_path, cache = Path(a.out), Path(a.cache)
+    out = json.loads(out_path.read_text()) if out_path.is_file() else {}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    seed_cache = Path(a.from_state or "", "cache.sqlite")
+    if not cache.exists() and a.from_state and seed_cache.is_file():
+        shutil.copy(seed_cache, cache)     # the run's paid calls, read here without touching the run's file
+    with EmbeddedServers() as servers:
+        live, _ = resolve_embedded(pool, servers, lazy=True)
+        ex = ReuseExecutor(cache=ResponseCache(cache))
+        spec = RunSpec(run_id="probe", kind="eval", pool=live, samples=1, seed=7, temperature=0.0,
+                       max_steps=max(len(wf.steps) for wf in workflows.values()))
+        for shape, wf in workflows.items():
+            key = f"{shape} @ {a.train_questions}/{a.seed}"
+            if key in out:
+                continue
+            t0, calls0 = time.time(), ex.stats["calls"]
+            rows = run_batch(train, replace(spec, run_id="probe", checkpoint_id=f"fixed:{shape}"),
+                             FixedWorkflowPolicy(wf, name=shape), ex)
+            out[key] = {d: [int(bool(t.correct)) for t in rows if t.domain == d] for d in DOMAINS}
+            out_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(out))
+            tmp.replace(out_path)
+            print(f"  {shape}: {time.time() - t0:.0f}s, {ex.stats['calls'] - calls0} paid calls", flush=True)
+        ex.cache.close()
+    return {s: out[f"{s} @ {a.train_questions}/{a.seed}"] for s in a.shapes}
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = _args(argv)
+    try:
+        res = probe(a)
+    except ShapeError as e:
+        sys.exit(f"workflow_probe: {e}")
+    n = {d: len(next(iter(res.values()))[d]) for d in DOMAINS}
+    print(f"\n{'workflow (training questions only)':58s} " + " ".join(f"{d + f' ({n[d]})':>16s}" for d in DOMAINS)
+          + f" {'both':>7s}")
+    overall = {}
+    for shape, per in res.items():
+        cells = [_mean_se(per[d]) for d in DOMAINS]
+        overall[shape] = sum(m for m, _ in cells) / len(cells)
+        print(f"{shape:58s} " + " ".join(f"{m:8.3f} ± {se:.3f}" for m, se in cells) + f" {overall[shape]:7.3f}")
+    best = {d: max(res, key=lambda s, d=d: sum(res[s][d])) for d in DOMAINS}
+    acc = {d: _mean_se(res[best[d]][d])[0] for d in DOMAINS}
+    single = max(overall, key=lambda s: overall[s])
+    print(" ".join(f"best_{d}={best[d].replace(' ', '')} best_{d}_accuracy={acc[d]:.4f}" for d in DOMAINS)
+          + f" per_domain_best={sum(acc.values()) / len(acc):.4f} best_single_shape={single.replace(' ', '')} "
+          f"best_single_shape_accuracy={overall[single]:.4f} questions={sum(n.values())}")
+
+
+if __name__ == "__main__":
+    main()
