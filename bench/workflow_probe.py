@@ -91,7 +91,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", default="runs/workflow-probe/results.json", help="per-question results (resumable)")
     a = ap.parse_args(argv)
     if a.from_state:
-        cfg = json.loads((Path(a.from_state) / "progress.json").read_text())["config"]
+        progress = Path(a.from_state) / "progress.json"
+        if not progress.is_file():
+            ap.error(f"--from-state {a.from_state}: no progress.json (not a learning_local state dir)")
+        cfg = json.loads(progress.read_text())["config"]
         a.pool, a.train_questions = cfg["pool"], cfg["train_questions"]
         a.eval_questions, a.seed = cfg["eval_questions"], cfg["seed"]
     return a
@@ -128,7 +131,7 @@ def probe(a: argparse.Namespace) -> dict[str, dict[str, list[int]]]:
         spec = RunSpec(run_id="probe", kind="eval", pool=live, samples=1, seed=7, temperature=0.0,
                        max_steps=max(len(wf.steps) for wf in workflows.values()))
         for shape, wf in workflows.items():
-            key = f"{shape} @ {a.train_questions}/{a.seed}"
+            key = _key(shape, pool.pool_id, a)
             if key in out:
                 continue
             t0, calls0 = time.time(), ex.stats["calls"]
@@ -141,7 +144,12 @@ def probe(a: argparse.Namespace) -> dict[str, dict[str, list[int]]]:
             tmp.replace(out_path)
             print(f"  {shape}: {time.time() - t0:.0f}s, {ex.stats['calls'] - calls0} paid calls", flush=True)
         ex.cache.close()
-    return {s: out[f"{s} @ {a.train_questions}/{a.seed}"] for s in a.shapes}
+    return {s: out[_key(s, pool.pool_id, a)] for s in a.shapes}
+
+
+def _key(shape: str, pool_id: str, a: argparse.Namespace) -> str:
+    """What a stored result depends on: the workflow, the pool and the training split."""
+    return f"{shape} @ {pool_id} {a.train_questions}/{a.eval_questions}/{a.seed}"
 
 
 def main(argv: list[str] | None = None) -> None:
