@@ -101,7 +101,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _mean_se(xs: list[int]) -> tuple[float, float]:
-    """Accuracy and its standard error over questions.
+    """Accuracy and its standard error over questions: ``conductor.learning.evaluation.question_mean_se`` for one
+    sample per question, on the 0/1 lists this bench stores.
 
     >>> m, se = _mean_se([1, 0, 1, 0]); m, round(se, 4)
     (0.5, 0.2887)
