@@ -7,8 +7,9 @@ transformers, sampled from the very object being trained.
 
 What the conductor learns (all of the workflow, under a grammar; ``conductor.learning.grpo.format``):
   * the workers of every step (any worker of the pool, by ordinal),
-  * each step's subtask, chosen from a vocabulary (``DEFAULT_SUBTASKS``: answer directly, reason and then write a
-    Python program that prints the answer, check the earlier work and give the final answer),
+  * each step's subtask, chosen from a vocabulary (``--subtasks``; by default ``DEFAULT_SUBTASKS``: answer
+    directly, reason and then write a Python program that prints the answer, check the earlier work and give the
+    final answer; ``reason``, step-by-step work then the answer, can be added),
   * each later step's access list ([] or ["all"]; the first step sees nothing),
   * the workflow's length (1..--max-steps).
 Nothing is prefilled: the completion is the whole ``model_id``/``subtasks``/``access_list`` text, decoded under
@@ -90,6 +91,8 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--eval-samples", type=int, default=1, help="conductor samples per held-out question")
     ap.add_argument("--eval-temperature", type=float, default=0.0, help="0 = greedy (the policy's mode)")
     ap.add_argument("--max-steps", type=int, default=2)
+    ap.add_argument("--subtasks", default="direct,code,check",
+                    help="the subtask vocabulary, by name (conductor.learning.grpo.format.SUBTASK_LABELS)")
     ap.add_argument("--fewshot", default="ood:1", help="conductor prompt's few-shot policy (conductor.prompts)")
     ap.add_argument("--subpool-k", type=int, default=None, help="randomized k-of-n sub-pool per training question")
     ap.add_argument("--lr", type=float, default=5e-6,
@@ -102,6 +105,9 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--checkpoint-every", type=int, default=5)
     ap.add_argument("--shard-size", type=int, default=10, help="held-out questions per committed shard")
     ap.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: file store in the state dir)")
+    ap.add_argument("--seed-cache", nargs="+", default=[], metavar="CACHE",
+                    help="response caches (.sqlite or .sqlite.gz, e.g. a run's carried to this machine) whose replies "
+                         "are copied into the state dir's cache first, so calls paid elsewhere are not paid again")
     ap.add_argument("--registry", default=None, help="register the trained checkpoint there and promote it if it "
                     "beats the untrained base (conductor answer --conductor champion@REGISTRY then uses it)")
     ap.add_argument("--smoke", action="store_true", help="2 iterations on a handful of questions (mechanics only)")
@@ -119,6 +125,13 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if a.group_size < 2:
         ap.error("--group-size must be >= 2 (GRPO needs contrast within a group)")
+    from conductor.learning.grpo.format import SUBTASK_LABELS
+
+    names = [n.strip() for n in a.subtasks.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SUBTASK_LABELS]
+    if unknown or not names or len(set(names)) != len(names):
+        ap.error(f"--subtasks {a.subtasks!r}: give distinct names from {', '.join(SUBTASK_LABELS)}")
+    a.subtask_texts = tuple(SUBTASK_LABELS[n] for n in names)
     if a.train_questions < 2 or a.eval_questions < 2:
         ap.error("--train-questions and --eval-questions must be >= 2 (both domains)")
     return a
@@ -130,10 +143,8 @@ class State:
     def __init__(self, root: Path, args: argparse.Namespace):
         self.root = root
         self.path = root / "progress.json"
-        from conductor.learning.grpo.format import DEFAULT_SUBTASKS
-
         # the vocabulary and what the loss sees are part of the design: a state dir of another one is refused
-        frozen = {**{k: getattr(args, k) for k in FROZEN}, "subtasks": list(DEFAULT_SUBTASKS),
+        frozen = {**{k: getattr(args, k) for k in FROZEN}, "subtasks": list(args.subtask_texts),
                   "loss_tokens": "grammar choices"}
         if self.path.is_file():
             self.data = json.loads(self.path.read_text())
@@ -275,10 +286,9 @@ def run_eval(name: str, held: list[Any], spec: Any, policy: Any, executor: Any, 
 
 
 def _label(subtask: str) -> str:
-    from conductor.learning.grpo.format import CHECK_SUBTASK, CODE_SUBTASK
-    from conductor.policy.fixed import DIRECT_SUBTASK
+    from conductor.learning.grpo.format import SUBTASK_LABELS
 
-    return {DIRECT_SUBTASK: "direct", CODE_SUBTASK: "code", CHECK_SUBTASK: "check"}.get(subtask, "other")
+    return next((name for name, text in SUBTASK_LABELS.items() if text == subtask), "other")
 
 
 def shape_of(t: Any) -> str | None:
@@ -557,12 +567,14 @@ def main(argv: list[str] | None = None) -> None:
     from conductor.learning.grpo.tracking import MetricsTracker, default_tracking_uri, plot_curves
     from conductor.local.embedded import ensure_models
     from conductor.local.servers import EmbeddedServers, resolve_embedded
+    from conductor.local.watchdog import watch_children
 
+    watch_children()    # a killed bench must not leave its model servers running (2-3 GB each)
     pool = greedy_pool(a.pool)
     (root / "pool.json").write_text(pool.model_dump_json(indent=1))
     names = [w.name for w in pool.workers]
     train, held = split_questions(a.train_questions, a.eval_questions, a.seed)
-    fmt = ConductorFormat(max_steps=a.max_steps)
+    fmt = ConductorFormat(max_steps=a.max_steps, subtasks=a.subtask_texts)
     gguf = ensure_models(which=[a.conductor_model])[a.conductor_model]
     base = formatted_base(str(gguf), fmt, root / "base")
     lake = str(root / "lake")
@@ -574,6 +586,7 @@ def main(argv: list[str] | None = None) -> None:
           f"q/it={a.questions_per_iteration} G={a.group_size} train={len(train)} held-out={len(held)}x{a.eval_samples} "
           f"(T={a.eval_temperature}) max_steps={a.max_steps} fewshot={a.fewshot} lr={a.lr} threads={a.threads} "
           f"state={root} mlflow={tracker.tracking_uri} run={tracker.run_id} load={os.getloadavg()[0]:.1f}", flush=True)
+    seed_caches(a.seed_cache, root / "cache.sqlite")
     with EmbeddedServers() as servers:
         live_pool, _ = resolve_embedded(pool, servers, lazy=True)
         executor = ReuseExecutor(cache=ResponseCache(root / "cache.sqlite"))
@@ -593,6 +606,18 @@ def main(argv: list[str] | None = None) -> None:
     state.save()
     tracker.finish()
     report(a, res, cmp, out, root, state)
+
+
+def seed_caches(sources: list[str], cache: Path) -> None:
+    """Replies paid elsewhere (``--seed-cache``) added to this run's cache; a bad file is one line and exit 2."""
+    from conductor.execution.cache import copy_responses
+
+    for src in sources:
+        try:
+            print(f"seed cache {src}: {copy_responses(src, cache)} replies added to {cache}", flush=True)
+        except ValueError as e:
+            print(f"error: --seed-cache {e}", file=sys.stderr)
+            raise SystemExit(2) from None
 
 
 def run_all(a: argparse.Namespace, state: State, pool: Any, live_pool: Any, executor: Any, train: list[Any],

@@ -5,8 +5,8 @@ what the best policy over that vocabulary scores on the same training questions 
 per domain, through the very same pipeline (prompt, parse, T = 0 workers, grade) as ``bench/learning_local.py``.
 
 A workflow is written the way the learning bench prints shapes (``shape_of``): ``worker/subtask`` per step,
-``>`` between steps, ``+`` before a step that sees every earlier one; subtasks are ``direct``, ``code`` and
-``check`` (``conductor.learning.grpo.format``). So a shape read off a run's curve can be pasted here.
+``>`` between steps, ``+`` before a step that sees every earlier one; subtasks are ``direct``, ``code``,
+``check`` and ``reason`` (``conductor.learning.grpo.format``). So a shape read off a run's curve can be pasted here.
 
     python bench/workflow_probe.py --from-state runs/learning-local-q8          # that run's split and cache
     python bench/workflow_probe.py --train-questions 96 --shapes "qwen2.5-coder-1.5b/check"
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -34,7 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-from learning_local import DOMAINS, ROOT, ReuseExecutor, greedy_pool, run_batch, split_questions  # noqa: E402
+from learning_local import DOMAINS, ROOT, ReuseExecutor, greedy_pool, run_batch, seed_caches, split_questions  # noqa: E402
 
 DEFAULT_SHAPES = (
     "qwen2.5-coder-1.5b/direct",
@@ -60,11 +59,9 @@ def parse_shape(shape: str, workers: list[str]) -> Any:
     ...
     workflow_probe.ShapeError: shape 'c/direct': step 1: unknown worker 'c' (pool: a, b)
     """
-    from conductor.learning.grpo.format import CHECK_SUBTASK, CODE_SUBTASK
-    from conductor.policy.fixed import DIRECT_SUBTASK
+    from conductor.learning.grpo.format import SUBTASK_LABELS as subtasks
     from conductor.workflow import ALL, Step, Workflow
 
-    subtasks = {"direct": DIRECT_SUBTASK, "code": CODE_SUBTASK, "check": CHECK_SUBTASK}
     steps = []
     for i, part in enumerate(p.strip() for p in shape.split(">")):
         sees_all = part.startswith("+")
@@ -86,8 +83,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--train-questions", type=int, default=96)
     ap.add_argument("--eval-questions", type=int, default=200, help="only to reproduce the bench's split")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--domains", nargs="+", choices=DOMAINS, default=list(DOMAINS),
+                    help="probe only these domains' training questions (e.g. a code workflow on math only)")
     ap.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES))
     ap.add_argument("--cache", default="runs/workflow-probe/cache.sqlite")
+    ap.add_argument("--seed-cache", nargs="+", default=[], metavar="CACHE",
+                    help="response caches (.sqlite or .sqlite.gz) whose replies are copied into --cache first")
     ap.add_argument("--out", default="runs/workflow-probe/results.json", help="per-question results (resumable)")
     a = ap.parse_args(argv)
     if a.from_state:
@@ -114,18 +115,21 @@ def probe(a: argparse.Namespace) -> dict[str, dict[str, list[int]]]:
     """Every shape over the training questions; {shape: {domain: [0/1 per question]}}, saved after each shape."""
     from conductor.execution.cache import ResponseCache
     from conductor.local.servers import EmbeddedServers, resolve_embedded
+    from conductor.local.watchdog import watch_children
     from conductor.policy.fixed import FixedWorkflowPolicy
     from conductor.run.pipeline import RunSpec
 
+    watch_children()    # a killed probe must not leave its model servers running
     pool = greedy_pool(a.pool)
     workflows = {s: parse_shape(s, [w.name for w in pool.workers]) for s in a.shapes}
     train, _ = split_questions(a.train_questions, a.eval_questions, a.seed)
+    train = [q for q in train if q.domain in a.domains]
     out_path, cache = Path(a.out), Path(a.cache)
     out = json.loads(out_path.read_text()) if out_path.is_file() else {}
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    seed_cache = Path(a.from_state or "", "cache.sqlite")
-    if not cache.exists() and a.from_state and seed_cache.is_file():
-        shutil.copy(seed_cache, cache)     # the run's paid calls, read here without touching the run's file
+    run_cache = Path(a.from_state or "", "cache.sqlite")
+    if not cache.exists() and a.from_state and run_cache.is_file():
+        a.seed_cache = [str(run_cache), *a.seed_cache]  # the run's paid calls, read without touching its file
+    seed_caches(a.seed_cache, cache)
     with EmbeddedServers() as servers:
         live, _ = resolve_embedded(pool, servers, lazy=True)
         ex = ReuseExecutor(cache=ResponseCache(cache))
@@ -133,19 +137,20 @@ def probe(a: argparse.Namespace) -> dict[str, dict[str, list[int]]]:
                        max_steps=max(len(wf.steps) for wf in workflows.values()))
         for shape, wf in workflows.items():
             key = _key(shape, pool.pool_id, a)
-            if key in out:
+            if all(d in out.get(key, {}) for d in a.domains):
                 continue
             t0, calls0 = time.time(), ex.stats["calls"]
             rows = run_batch(train, replace(spec, run_id="probe", checkpoint_id=f"fixed:{shape}"),
                              FixedWorkflowPolicy(wf, name=shape), ex)
-            out[key] = {d: [int(bool(t.correct)) for t in rows if t.domain == d] for d in DOMAINS}
+            out[key] = {**out.get(key, {}),
+                        **{d: [int(bool(t.correct)) for t in rows if t.domain == d] for d in a.domains}}
             out_path.parent.mkdir(parents=True, exist_ok=True)
             tmp = out_path.with_suffix(".tmp")
             tmp.write_text(json.dumps(out))
             tmp.replace(out_path)
             print(f"  {shape}: {time.time() - t0:.0f}s, {ex.stats['calls'] - calls0} paid calls", flush=True)
         ex.cache.close()
-    return {s: out[_key(s, pool.pool_id, a)] for s in a.shapes}
+    return {s: {d: out[_key(s, pool.pool_id, a)][d] for d in a.domains} for s in a.shapes}
 
 
 def _key(shape: str, pool_id: str, a: argparse.Namespace) -> str:
@@ -159,18 +164,19 @@ def main(argv: list[str] | None = None) -> None:
         res = probe(a)
     except ShapeError as e:
         sys.exit(f"workflow_probe: {e}")
-    n = {d: len(next(iter(res.values()))[d]) for d in DOMAINS}
-    print(f"\n{'workflow (training questions only)':58s} " + " ".join(f"{d + f' ({n[d]})':>16s}" for d in DOMAINS)
+    doms = a.domains
+    n = {d: len(next(iter(res.values()))[d]) for d in doms}
+    print(f"\n{'workflow (training questions only)':58s} " + " ".join(f"{d + f' ({n[d]})':>16s}" for d in doms)
           + f" {'both':>7s}")
     overall = {}
     for shape, per in res.items():
-        cells = [_mean_se(per[d]) for d in DOMAINS]
+        cells = [_mean_se(per[d]) for d in doms]
         overall[shape] = sum(m for m, _ in cells) / len(cells)
         print(f"{shape:58s} " + " ".join(f"{m:8.3f} ± {se:.3f}" for m, se in cells) + f" {overall[shape]:7.3f}")
-    best = {d: max(res, key=lambda s, d=d: sum(res[s][d])) for d in DOMAINS}
-    acc = {d: _mean_se(res[best[d]][d])[0] for d in DOMAINS}
+    best = {d: max(res, key=lambda s, d=d: sum(res[s][d])) for d in doms}
+    acc = {d: _mean_se(res[best[d]][d])[0] for d in doms}
     single = max(overall, key=lambda s: overall[s])
-    print(" ".join(f"best_{d}={best[d].replace(' ', '')} best_{d}_accuracy={acc[d]:.4f}" for d in DOMAINS)
+    print(" ".join(f"best_{d}={best[d].replace(' ', '')} best_{d}_accuracy={acc[d]:.4f}" for d in doms)
           + f" per_domain_best={sum(acc.values()) / len(acc):.4f} best_single_shape={single.replace(' ', '')} "
           f"best_single_shape_accuracy={overall[single]:.4f} questions={sum(n.values())}")
 

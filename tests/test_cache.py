@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conductor.execution.cache import ResponseCache, cache_key
+from conductor.execution.cache import ResponseCache, cache_key, copy_responses, export_responses
 from conductor.execution.executor import Executor
 from conductor.execution.recursion import run_batch
 from conductor.trajectory import CallRecord
@@ -168,3 +168,35 @@ def test_bad_mode_and_unusable_file_are_clear_errors(tmp_path: Path) -> None:
     (tmp_path / "not-a-db.sqlite").write_text("this is not a database" * 100)
     with pytest.raises(ValueError, match="not-a-db.sqlite: cannot open the response cache"):
         ResponseCache(tmp_path / "not-a-db.sqlite")
+
+
+def test_a_cache_carried_to_another_machine_keeps_every_reply_and_the_first_writer(tmp_path: Path) -> None:
+    """export (gzipped snapshot, taken while the cache is open) -> copy into another cache: every reply the
+    other lacks is added, a key it already holds keeps its own reply, a second copy adds nothing."""
+    w = Worker(name="a", provider="openai", model="m")
+    src = ResponseCache(tmp_path / "run" / "cache.sqlite")
+    for k in ("k1", "k2", "k3"):
+        src.store(k, w.provider, w.model, Completion(f"paid {k}", 3, 4, "stop"))
+    assert export_responses(src.path, tmp_path / "carry" / "cache.sqlite.gz") == 3
+    src.close()
+    dest = ResponseCache(tmp_path / "new" / "cache.sqlite")
+    dest.store("k1", w.provider, w.model, Completion("already here", 1, 1, "stop"))
+    dest.close()
+    assert copy_responses(tmp_path / "carry" / "cache.sqlite.gz", tmp_path / "new" / "cache.sqlite") == 2
+    assert copy_responses(tmp_path / "carry" / "cache.sqlite.gz", tmp_path / "new" / "cache.sqlite") == 0
+    dest = ResponseCache(tmp_path / "new" / "cache.sqlite", mode="replay")
+    assert [dest.lookup(k).text for k in ("k1", "k2", "k3")] == ["already here", "paid k2", "paid k3"]
+    dest.close()
+    assert copy_responses(src.path, tmp_path / "plain" / "cache.sqlite") == 3      # an uncompressed file too
+
+
+def test_carrying_a_missing_or_foreign_file_is_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="nope.sqlite.gz: no such response cache"):
+        copy_responses(tmp_path / "nope.sqlite.gz", tmp_path / "c.sqlite")
+    (tmp_path / "bad.sqlite.gz").write_bytes(b"not gzip")
+    with pytest.raises(ValueError, match="bad.sqlite.gz: not a gzipped response cache"):
+        copy_responses(tmp_path / "bad.sqlite.gz", tmp_path / "c.sqlite")
+    import sqlite3
+    sqlite3.connect(tmp_path / "other.sqlite").execute("CREATE TABLE t (x)")
+    with pytest.raises(ValueError, match="other.sqlite: not a response cache"):
+        copy_responses(tmp_path / "other.sqlite", tmp_path / "c.sqlite")

@@ -186,3 +186,71 @@ def close_confined(pool: Any, local: Any) -> None:
     except RuntimeError:  # interpreter shutdown already stopped the pool; every write was committed
         return
     pool.shutdown(wait=True)
+
+
+def copy_responses(src: str | Path, dest: str | Path, busy_timeout_s: float = 60.0) -> int:
+    """Add to the cache ``dest`` every reply stored in ``src`` (a cache file, or one gzipped) that ``dest`` lacks.
+
+    WHY: a temperature-0 call paid on one machine need not be paid again on another: a learning run carried to
+    a new machine, a probe seeded from a run. As in the cache itself, the first stored reply wins (a key
+    ``dest`` already holds keeps its reply). Returns how many replies were added; raises ``ValueError`` with
+    one line naming ``src`` when it is missing or not a response cache.
+    """
+    import gzip
+    import shutil
+    import tempfile
+
+    src = Path(src)
+    if not src.is_file():
+        raise ValueError(f"{src}: no such response cache")
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = src
+        if src.suffix == ".gz":
+            plain = Path(tmp, "src.sqlite")
+            try:
+                with gzip.open(src) as f, plain.open("wb") as out:
+                    shutil.copyfileobj(f, out)
+            except (OSError, EOFError) as e:
+                raise ValueError(f"{src}: not a gzipped response cache ({e})") from None
+        Path(dest).parent.mkdir(parents=True, exist_ok=True)
+        conn = connect_wal(str(dest), busy_timeout_s)
+        try:
+            conn.execute(_SCHEMA)
+            conn.execute("ATTACH DATABASE ? AS src", (str(plain),))
+            before = conn.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+            conn.execute("INSERT OR IGNORE INTO responses SELECT key, provider, model, text, input_tokens, "
+                         "output_tokens, finish_reason, created FROM src.responses")
+            added = conn.execute("SELECT COUNT(*) FROM responses").fetchone()[0] - before
+            conn.execute("DETACH DATABASE src")
+        except sqlite3.DatabaseError as e:
+            raise ValueError(f"{src}: not a response cache ({e})") from None
+        finally:
+            conn.close()
+    return int(added)
+
+
+def export_responses(src: str | Path, dest_gz: str | Path) -> int:
+    """A consistent gzipped snapshot of the cache ``src`` (safe while a run writes to it), written atomically;
+    returns how many replies it holds. Read back with ``copy_responses``."""
+    import gzip
+    import shutil
+    import tempfile
+
+    dest_gz = Path(dest_gz)
+    dest_gz.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        snap = Path(tmp, "snap.sqlite")
+        live, copy = connect(str(src), 60.0), sqlite3.connect(snap)
+        try:
+            live.backup(copy)
+            n = copy.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+        except sqlite3.DatabaseError as e:
+            raise ValueError(f"{src}: not a response cache ({e})") from None
+        finally:
+            live.close()
+            copy.close()
+        part = dest_gz.with_name(dest_gz.name + ".part")
+        with snap.open("rb") as f, gzip.open(part, "wb", compresslevel=9) as out:
+            shutil.copyfileobj(f, out)
+        part.replace(dest_gz)
+    return int(n)

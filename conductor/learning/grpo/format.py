@@ -34,7 +34,12 @@ CODE_SUBTASK = ("Work out the solution step by step in a few short sentences. Th
                 "Do not write its output.")
 CHECK_SUBTASK = ("Check the earlier work step by step, fix any mistake, and give the final answer "
                  "in the format the question asks for.")
+# Step-by-step work with nothing earlier to check: what CHECK_SUBTASK amounts to on a first step, said plainly.
+REASON_SUBTASK = ("Solve the question step by step in a few short sentences, then give the final answer "
+                  "in the format the question asks for.")
 DEFAULT_SUBTASKS = (DIRECT_SUBTASK, CODE_SUBTASK, CHECK_SUBTASK)
+# Short names for the vocabulary's subtasks, as benches print workflow shapes ("qwen2.5-coder-1.5b/check").
+SUBTASK_LABELS = {"direct": DIRECT_SUBTASK, "code": CODE_SUBTASK, "check": CHECK_SUBTASK, "reason": REASON_SUBTASK}
 _MODEL_LINE = re.compile(r"^Model (\d+)\b", re.MULTILINE)
 
 
