@@ -193,6 +193,9 @@ def test_a_cache_carried_to_another_machine_keeps_every_reply_and_the_first_writ
 def test_carrying_a_missing_or_foreign_file_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="nope.sqlite.gz: no such response cache"):
         copy_responses(tmp_path / "nope.sqlite.gz", tmp_path / "c.sqlite")
+    with pytest.raises(ValueError, match="nope.sqlite: no such response cache"):
+        export_responses(tmp_path / "nope.sqlite", tmp_path / "out.sqlite.gz")
+    assert not (tmp_path / "nope.sqlite").exists() and not (tmp_path / "out.sqlite.gz").exists()
     (tmp_path / "bad.sqlite.gz").write_bytes(b"not gzip")
     with pytest.raises(ValueError, match="bad.sqlite.gz: not a gzipped response cache"):
         copy_responses(tmp_path / "bad.sqlite.gz", tmp_path / "c.sqlite")

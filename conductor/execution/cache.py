@@ -16,9 +16,12 @@ on one thread per cache so the event loop never blocks on a lock.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import hashlib
 import json
+import shutil
 import sqlite3
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -196,10 +199,6 @@ def copy_responses(src: str | Path, dest: str | Path, busy_timeout_s: float = 60
     ``dest`` already holds keeps its reply). Returns how many replies were added; raises ``ValueError`` with
     one line naming ``src`` when it is missing or not a response cache.
     """
-    import gzip
-    import shutil
-    import tempfile
-
     src = Path(src)
     if not src.is_file():
         raise ValueError(f"{src}: no such response cache")
@@ -232,10 +231,8 @@ def copy_responses(src: str | Path, dest: str | Path, busy_timeout_s: float = 60
 def export_responses(src: str | Path, dest_gz: str | Path) -> int:
     """A consistent gzipped snapshot of the cache ``src`` (safe while a run writes to it), written atomically;
     returns how many replies it holds. Read back with ``copy_responses``."""
-    import gzip
-    import shutil
-    import tempfile
-
+    if not Path(src).is_file():
+        raise ValueError(f"{src}: no such response cache")
     dest_gz = Path(dest_gz)
     dest_gz.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
