@@ -11,7 +11,7 @@ A workflow is written the way the learning bench prints shapes (``shape_of``): `
     python bench/workflow_probe.py --from-state runs/learning-local-q8          # that run's split and cache
     python bench/workflow_probe.py --train-questions 96 --shapes "qwen2.5-coder-1.5b/check"
 
-Calls go through a response cache of its own (``--cache``), seeded from the run's cache when it is first made, so
+Calls go through a response cache of its own (``--cache``), topped up from the run's cache on every start, so
 calls the run already paid for are free and a running bench's cache is never written. Resumable: finished shapes
 are kept in ``--out`` and skipped. Last line:
 ``best_math=<shape> best_math_accuracy=<a> best_mcq=<shape> best_mcq_accuracy=<b> per_domain_best=<mean>
@@ -127,9 +127,8 @@ def probe(a: argparse.Namespace) -> dict[str, dict[str, list[int]]]:
     out_path, cache = Path(a.out), Path(a.cache)
     out = json.loads(out_path.read_text()) if out_path.is_file() else {}
     run_cache = Path(a.from_state or "", "cache.sqlite")
-    if not cache.exists() and a.from_state and run_cache.is_file():
-        a.seed_cache = [str(run_cache), *a.seed_cache]  # the run's paid calls, read without touching its file
-    seed_caches(a.seed_cache, cache)
+    run_paid = [str(run_cache)] if a.from_state and run_cache.is_file() else []
+    seed_caches(run_paid + a.seed_cache, cache)   # the run's paid calls (read only) and any carried ones
     with EmbeddedServers() as servers:
         live, _ = resolve_embedded(pool, servers, lazy=True)
         ex = ReuseExecutor(cache=ResponseCache(cache))
