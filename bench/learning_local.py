@@ -71,7 +71,9 @@ CONDUCTORS = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct")
 # settings a resume must not change (the rest, e.g. --threads or --out, may differ between sessions)
 FROZEN = ("pool", "conductor_model", "iterations", "questions_per_iteration", "group_size", "train_questions",
           "eval_questions", "eval_samples", "eval_temperature", "max_steps", "fewshot", "subpool_k", "lr",
-          "lr_schedule", "temperature", "max_tokens", "seed")
+          "lr_schedule", "temperature", "max_tokens", "seed", "mcq_share")
+# what a state dir written before a setting existed ran with, so it still resumes
+FROZEN_DEFAULTS = {"mcq_share": 0.5}
 
 
 # ------------------------------------------------------------------ arguments and state
@@ -88,6 +90,8 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--group-size", type=int, default=8, help="GRPO group size G")
     ap.add_argument("--train-questions", type=int, default=24, help="training set size (revisited: cache hits)")
     ap.add_argument("--eval-questions", type=int, default=100, help="held-out questions, half GSM8K test, half MMLU-STEM")
+    ap.add_argument("--mcq-share", type=float, default=0.5,
+                    help="MMLU-STEM's share of the training questions and of each iteration's (the rest GSM8K)")
     ap.add_argument("--eval-samples", type=int, default=1, help="conductor samples per held-out question")
     ap.add_argument("--eval-temperature", type=float, default=0.0, help="0 = greedy (the policy's mode)")
     ap.add_argument("--max-steps", type=int, default=2)
@@ -134,6 +138,10 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     a.subtask_texts = tuple(SUBTASK_LABELS[n] for n in names)
     if a.train_questions < 2 or a.eval_questions < 2:
         ap.error("--train-questions and --eval-questions must be >= 2 (both domains)")
+    if not 0 < a.mcq_share < 1 or 0 in domain_counts(a.train_questions, a.mcq_share) + domain_counts(
+            a.questions_per_iteration, a.mcq_share):
+        ap.error(f"--mcq-share {a.mcq_share}: must leave both domains questions in the training set and in every "
+                 "iteration")
     return a
 
 
@@ -149,7 +157,8 @@ class State:
         if self.path.is_file():
             self.data = json.loads(self.path.read_text())
             old = self.data.get("config", {})
-            diff = {k: (old.get(k), v) for k, v in frozen.items() if old.get(k) != v}
+            diff = {k: (old.get(k, FROZEN_DEFAULTS.get(k)), v) for k, v in frozen.items()
+                    if old.get(k, FROZEN_DEFAULTS.get(k)) != v}
             if diff:
                 print(f"error: {self.path}: this state dir was started with other settings {diff}; "
                       "use another --state-dir (or the same settings to resume)", file=sys.stderr)
@@ -209,8 +218,20 @@ def greedy_pool(path: str) -> Any:
     return pool.model_copy(update={"workers": workers, "pool_id": f"{pool.pool_id}-t0"})
 
 
-def split_questions(n_train: int, n_eval: int, seed: int) -> tuple[list[Any], list[Any]]:
-    """(training set, held-out set): half GSM8K (train split / test split), half MMLU-STEM (disjoint slices)."""
+def domain_counts(n: int, mcq_share: float = 0.5) -> tuple[int, int]:
+    """(GSM8K, MMLU-STEM) counts of ``n`` questions; at 0.5 an odd one goes to MMLU-STEM.
+
+    >>> domain_counts(96), domain_counts(5), domain_counts(192, 0.75), domain_counts(8, 0.75)
+    ((48, 48), (2, 3), (48, 144), (2, 6))
+    """
+    n_math = int(n * (1 - mcq_share) + 1e-9)
+    return n_math, n - n_math
+
+
+def split_questions(n_train: int, n_eval: int, seed: int, mcq_share: float = 0.5) -> tuple[list[Any], list[Any]]:
+    """(training set, held-out set). Held-out: half GSM8K test, half MMLU-STEM; training: GSM8K train and the
+    MMLU-STEM rows after the held-out ones, ``mcq_share`` of them MMLU-STEM. A larger share or set keeps the
+    smaller one's questions as its prefix (same seed), so their paid replies are reused."""
     from conductor.data.datasets import load_dataset
     from conductor.data.questionset import check_disjoint
 
@@ -218,19 +239,20 @@ def split_questions(n_train: int, n_eval: int, seed: int) -> tuple[list[Any], li
     gtrain, gtest, mcq = load_dataset("gsm8k_train"), load_dataset("gsm8k_test"), load_dataset("mmlu_stem")
     for qs in (gtrain, gtest, mcq):
         rng.shuffle(qs)
-    e_math, t_math = n_eval // 2, n_train // 2
+    e_math, _ = domain_counts(n_eval)
+    t_math, t_mcq = domain_counts(n_train, mcq_share)
     held = gtest[:e_math] + mcq[:n_eval - e_math]
-    train = gtrain[:t_math] + mcq[n_eval - e_math:n_eval - e_math + n_train - t_math]
+    train = gtrain[:t_math] + mcq[n_eval - e_math:n_eval - e_math + t_mcq]
     check_disjoint(train, held)
     return train, held
 
 
-def iteration_questions(train: list[Any], it: int, per_iter: int, seed: int) -> list[Any]:
-    """Iteration ``it``'s questions: epochs over a seeded shuffle of each domain, half math half MCQ."""
+def iteration_questions(train: list[Any], it: int, per_iter: int, seed: int, mcq_share: float = 0.5) -> list[Any]:
+    """Iteration ``it``'s questions: epochs over a seeded shuffle of each domain, ``mcq_share`` of them MCQ."""
     by_dom = {d: [q for q in train if q.domain == d] for d in DOMAINS}
     out = []
-    for j, d in enumerate(DOMAINS):
-        qs, k = by_dom[d], per_iter // 2 + (per_iter % 2 if j == 1 else 0)
+    for d, k in zip(DOMAINS, domain_counts(per_iter, mcq_share)):
+        qs = by_dom[d]
         for n in range((it - 1) * k, it * k):
             epoch, pos = divmod(n, len(qs))
             order = list(range(len(qs)))
@@ -367,7 +389,7 @@ def rollout_iteration(it: int, a: argparse.Namespace, train: list[Any], pool: An
     spec = RunSpec(run_id=run_id, kind="rollout", pool=pool, checkpoint_id=f"learning-local-it{it - 1:04d}",
                    samples=a.group_size, subpool_k=a.subpool_k, seed=a.seed * 100_003 + it, fewshot=a.fewshot,
                    max_steps=a.max_steps, temperature=a.temperature, max_tokens=a.max_tokens)
-    trajs = run_batch(iteration_questions(train, it, a.questions_per_iteration, a.seed), spec, policy, executor)
+    trajs = run_batch(iteration_questions(train, it, a.questions_per_iteration, a.seed, a.mcq_share), spec, policy, executor)
     write_shard(lake, trajs, "s0")
     return trajs, False
 
@@ -573,7 +595,7 @@ def main(argv: list[str] | None = None) -> None:
     pool = greedy_pool(a.pool)
     (root / "pool.json").write_text(pool.model_dump_json(indent=1))
     names = [w.name for w in pool.workers]
-    train, held = split_questions(a.train_questions, a.eval_questions, a.seed)
+    train, held = split_questions(a.train_questions, a.eval_questions, a.seed, a.mcq_share)
     fmt = ConductorFormat(max_steps=a.max_steps, subtasks=a.subtask_texts)
     gguf = ensure_models(which=[a.conductor_model])[a.conductor_model]
     base = formatted_base(str(gguf), fmt, root / "base")

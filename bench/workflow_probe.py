@@ -83,6 +83,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--train-questions", type=int, default=96)
     ap.add_argument("--eval-questions", type=int, default=200, help="only to reproduce the bench's split")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mcq-share", type=float, default=0.5, help="as learning_local.py's (--from-state reads it)")
     ap.add_argument("--domains", nargs="+", choices=DOMAINS, default=list(DOMAINS),
                     help="probe only these domains' training questions (e.g. a code workflow on math only)")
     ap.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES))
@@ -98,6 +99,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         cfg = json.loads(progress.read_text())["config"]
         a.pool, a.train_questions = cfg["pool"], cfg["train_questions"]
         a.eval_questions, a.seed = cfg["eval_questions"], cfg["seed"]
+        a.mcq_share = cfg.get("mcq_share", 0.5)
     return a
 
 
@@ -122,7 +124,7 @@ def probe(a: argparse.Namespace) -> dict[str, dict[str, list[int]]]:
     watch_children()    # a killed probe must not leave its model servers running
     pool = greedy_pool(a.pool)
     workflows = {s: parse_shape(s, [w.name for w in pool.workers]) for s in a.shapes}
-    train, _ = split_questions(a.train_questions, a.eval_questions, a.seed)
+    train, _ = split_questions(a.train_questions, a.eval_questions, a.seed, a.mcq_share)
     train = [q for q in train if q.domain in a.domains]
     out_path, cache = Path(a.out), Path(a.cache)
     out = json.loads(out_path.read_text()) if out_path.is_file() else {}
@@ -153,8 +155,10 @@ def probe(a: argparse.Namespace) -> dict[str, dict[str, list[int]]]:
 
 
 def _key(shape: str, pool_id: str, a: argparse.Namespace) -> str:
-    """What a stored result depends on: the workflow, the pool and the training split."""
-    return f"{shape} @ {pool_id} {a.train_questions}/{a.eval_questions}/{a.seed}"
+    """What a stored result depends on: the workflow, the pool and the training split (the MCQ share shown only
+    when not the default half, so results stored before it existed keep their keys)."""
+    share = "" if a.mcq_share == 0.5 else f"/mcq{a.mcq_share:g}"
+    return f"{shape} @ {pool_id} {a.train_questions}/{a.eval_questions}/{a.seed}{share}"
 
 
 def main(argv: list[str] | None = None) -> None:

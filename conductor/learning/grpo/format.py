@@ -38,9 +38,15 @@ CHECK_SUBTASK = ("Check the earlier work step by step, fix any mistake, and give
 # domains, below CHECK_SUBTASK on GSM8K (docs/learning.md); so not in the default vocabulary.
 REASON_SUBTASK = ("Solve the question step by step in a few short sentences, then give the final answer "
                   "in the format the question asks for.")
+# The worker picks "check"-like work or a direct answer by the question's form: the 135M conductor did not learn
+# to tell the domains apart, the 1.5B worker reads a question's form at once (docs/learning.md, eighth attempt).
+ADAPT_SUBTASK = ("If the answer is a number to be calculated, work it out step by step, check each step and fix "
+                 "any mistake. Otherwise answer directly. Either way, give the final answer in the format the "
+                 "question asks for.")
 DEFAULT_SUBTASKS = (DIRECT_SUBTASK, CODE_SUBTASK, CHECK_SUBTASK)
 # Short names for the vocabulary's subtasks, as benches print workflow shapes ("qwen2.5-coder-1.5b/check").
-SUBTASK_LABELS = {"direct": DIRECT_SUBTASK, "code": CODE_SUBTASK, "check": CHECK_SUBTASK, "reason": REASON_SUBTASK}
+SUBTASK_LABELS = {"direct": DIRECT_SUBTASK, "code": CODE_SUBTASK, "check": CHECK_SUBTASK, "reason": REASON_SUBTASK,
+                  "adapt": ADAPT_SUBTASK}
 _MODEL_LINE = re.compile(r"^Model (\d+)\b", re.MULTILINE)
 
 
