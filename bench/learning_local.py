@@ -389,7 +389,8 @@ def rollout_iteration(it: int, a: argparse.Namespace, train: list[Any], pool: An
     spec = RunSpec(run_id=run_id, kind="rollout", pool=pool, checkpoint_id=f"learning-local-it{it - 1:04d}",
                    samples=a.group_size, subpool_k=a.subpool_k, seed=a.seed * 100_003 + it, fewshot=a.fewshot,
                    max_steps=a.max_steps, temperature=a.temperature, max_tokens=a.max_tokens)
-    trajs = run_batch(iteration_questions(train, it, a.questions_per_iteration, a.seed, a.mcq_share), spec, policy, executor)
+    questions = iteration_questions(train, it, a.questions_per_iteration, a.seed, a.mcq_share)
+    trajs = run_batch(questions, spec, policy, executor)
     write_shard(lake, trajs, "s0")
     return trajs, False
 

@@ -38,8 +38,9 @@ CHECK_SUBTASK = ("Check the earlier work step by step, fix any mistake, and give
 # domains, below CHECK_SUBTASK on GSM8K (docs/learning.md); so not in the default vocabulary.
 REASON_SUBTASK = ("Solve the question step by step in a few short sentences, then give the final answer "
                   "in the format the question asks for.")
-# The worker picks "check"-like work or a direct answer by the question's form: the 135M conductor did not learn
-# to tell the domains apart, the 1.5B worker reads a question's form at once (docs/learning.md, eighth attempt).
+# The worker picks checked step-by-step work or a direct answer by the question's form, a choice the 135M conductor
+# never learned to make per domain. The 1.5B alone on training questions: GSM8K 0.69, MMLU-STEM 0.52, against 0.63
+# and 0.35 for "check", 0.42 and 0.40 for "direct" (docs/learning.md, eighth attempt).
 ADAPT_SUBTASK = ("If the answer is a number to be calculated, work it out step by step, check each step and fix "
                  "any mistake. Otherwise answer directly. Either way, give the final answer in the format the "
                  "question asks for.")
