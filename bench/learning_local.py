@@ -156,9 +156,8 @@ class State:
                   "loss_tokens": "grammar choices"}
         if self.path.is_file():
             self.data = json.loads(self.path.read_text())
-            old = self.data.get("config", {})
-            diff = {k: (old.get(k, FROZEN_DEFAULTS.get(k)), v) for k, v in frozen.items()
-                    if old.get(k, FROZEN_DEFAULTS.get(k)) != v}
+            old = {**FROZEN_DEFAULTS, **self.data.get("config", {})}
+            diff = {k: (old.get(k), v) for k, v in frozen.items() if old.get(k) != v}
             if diff:
                 print(f"error: {self.path}: this state dir was started with other settings {diff}; "
                       "use another --state-dir (or the same settings to resume)", file=sys.stderr)

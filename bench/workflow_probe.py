@@ -33,7 +33,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-from learning_local import DOMAINS, ROOT, ReuseExecutor, greedy_pool, run_batch, seed_caches, split_questions  # noqa: E402
+from learning_local import (  # noqa: E402
+    DOMAINS,
+    FROZEN_DEFAULTS,
+    ROOT,
+    ReuseExecutor,
+    greedy_pool,
+    run_batch,
+    seed_caches,
+    split_questions,
+)
 
 DEFAULT_SHAPES = (
     "qwen2.5-coder-1.5b/direct",
@@ -99,7 +108,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         cfg = json.loads(progress.read_text())["config"]
         a.pool, a.train_questions = cfg["pool"], cfg["train_questions"]
         a.eval_questions, a.seed = cfg["eval_questions"], cfg["seed"]
-        a.mcq_share = cfg.get("mcq_share", 0.5)
+        a.mcq_share = cfg.get("mcq_share", FROZEN_DEFAULTS["mcq_share"])
     return a
 
 
