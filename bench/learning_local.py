@@ -71,9 +71,9 @@ CONDUCTORS = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct")
 # settings a resume must not change (the rest, e.g. --threads or --out, may differ between sessions)
 FROZEN = ("pool", "conductor_model", "iterations", "questions_per_iteration", "group_size", "train_questions",
           "eval_questions", "eval_samples", "eval_temperature", "max_steps", "fewshot", "subpool_k", "lr",
-          "lr_schedule", "temperature", "max_tokens", "seed", "mcq_share")
+          "lr_schedule", "temperature", "max_tokens", "seed", "mcq_share", "math_train")
 # what a state dir written before a setting existed ran with, so it still resumes
-FROZEN_DEFAULTS = {"mcq_share": 0.5}
+FROZEN_DEFAULTS = {"mcq_share": 0.5, "math_train": "train"}
 
 
 # ------------------------------------------------------------------ arguments and state
@@ -92,6 +92,9 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--eval-questions", type=int, default=100, help="held-out questions, half GSM8K test, half MMLU-STEM")
     ap.add_argument("--mcq-share", type=float, default=0.5,
                     help="MMLU-STEM's share of the training questions and of each iteration's (the rest GSM8K)")
+    ap.add_argument("--math-train", default="train", choices=["train", "test"],
+                    help="GSM8K split of the training questions; \"test\" = test rows after the held-out ones "
+                         "(the workers appear to know the train split: split_questions)")
     ap.add_argument("--eval-samples", type=int, default=1, help="conductor samples per held-out question")
     ap.add_argument("--eval-temperature", type=float, default=0.0, help="0 = greedy (the policy's mode)")
     ap.add_argument("--max-steps", type=int, default=2)
@@ -227,23 +230,51 @@ def domain_counts(n: int, mcq_share: float = 0.5) -> tuple[int, int]:
     return n_math, n - n_math
 
 
-def split_questions(n_train: int, n_eval: int, seed: int, mcq_share: float = 0.5) -> tuple[list[Any], list[Any]]:
-    """(training set, held-out set). Held-out: half GSM8K test, half MMLU-STEM; training: GSM8K train and the
-    MMLU-STEM rows after the held-out ones, ``mcq_share`` of them MMLU-STEM. A larger share or set keeps the
-    smaller one's questions as its prefix (same seed), so their paid replies are reused."""
+def _shuffled_sources(seed: int) -> tuple[list[Any], list[Any], list[Any]]:
+    """GSM8K train, GSM8K test and MMLU-STEM, each in the seeded order every split below slices."""
     from conductor.data.datasets import load_dataset
-    from conductor.data.questionset import check_disjoint
 
     rng = random.Random(seed)
     gtrain, gtest, mcq = load_dataset("gsm8k_train"), load_dataset("gsm8k_test"), load_dataset("mmlu_stem")
     for qs in (gtrain, gtest, mcq):
         rng.shuffle(qs)
+    return gtrain, gtest, mcq
+
+
+def split_questions(n_train: int, n_eval: int, seed: int, mcq_share: float = 0.5,
+                    math_train: str = "train") -> tuple[list[Any], list[Any]]:
+    """(training set, held-out set). Held-out: half GSM8K test, half MMLU-STEM; training: ``mcq_share`` MMLU-STEM
+    rows after the held-out ones, the rest GSM8K: from its train split, or (``math_train="test"``) the test rows
+    after the held-out ones. A larger share or set keeps the smaller one's questions as its prefix (same seed),
+    so their paid replies are reused.
+
+    Why "test": the Qwen2.5 workers did far better step by step on GSM8K train questions than on test ones (the
+    1.5B told to "adapt": 0.69 on 48 train questions; the eighth attempt's chain ending on it 0.47 on the 100
+    held-out test ones; told to answer directly, 0.42 and 0.41), maybe because they saw the train split worked.
+    A reward earned there may not carry to the held-out questions."""
+    from conductor.data.questionset import check_disjoint
+
+    gtrain, gtest, mcq = _shuffled_sources(seed)
     e_math, _ = domain_counts(n_eval)
     t_math, t_mcq = domain_counts(n_train, mcq_share)
     held = gtest[:e_math] + mcq[:n_eval - e_math]
-    train = gtrain[:t_math] + mcq[n_eval - e_math:n_eval - e_math + t_mcq]
+    math_rows = gtrain if math_train == "train" else gtest[e_math:]
+    train = math_rows[:t_math] + mcq[n_eval - e_math:n_eval - e_math + t_mcq]
     check_disjoint(train, held)
     return train, held
+
+
+def validation_questions(n: int, seed: int, exclude: list[Any]) -> list[Any]:
+    """``n`` questions for choosing prompts and vocabularies: half GSM8K test, half MMLU-STEM, taken from the far
+    end of each seeded order, so they are drawn like the held-out questions yet disjoint from them and from any
+    training set (checked against ``exclude``)."""
+    from conductor.data.questionset import check_disjoint
+
+    _, gtest, mcq = _shuffled_sources(seed)
+    k_math, k_mcq = domain_counts(n)
+    val = gtest[len(gtest) - k_math:] + mcq[len(mcq) - k_mcq:]
+    check_disjoint(val, exclude)
+    return val
 
 
 def iteration_questions(train: list[Any], it: int, per_iter: int, seed: int, mcq_share: float = 0.5) -> list[Any]:
@@ -595,7 +626,7 @@ def main(argv: list[str] | None = None) -> None:
     pool = greedy_pool(a.pool)
     (root / "pool.json").write_text(pool.model_dump_json(indent=1))
     names = [w.name for w in pool.workers]
-    train, held = split_questions(a.train_questions, a.eval_questions, a.seed, a.mcq_share)
+    train, held = split_questions(a.train_questions, a.eval_questions, a.seed, a.mcq_share, a.math_train)
     fmt = ConductorFormat(max_steps=a.max_steps, subtasks=a.subtask_texts)
     gguf = ensure_models(which=[a.conductor_model])[a.conductor_model]
     base = formatted_base(str(gguf), fmt, root / "base")
@@ -663,19 +694,19 @@ def run_all(a: argparse.Namespace, state: State, pool: Any, live_pool: Any, exec
     trainer = make_trainer(a, state, base, tracker)
     policy = TransformersBackend(trainer.model, trainer.tokenizer, batch_size=max(a.group_size, 8))
     policy.conductor_format = trainer.conductor_format
-    # training before the untrained evaluation: the learning signal shows first, and the untrained arm is the
-    # base weights loaded again (its evaluation shards, if an earlier session committed some, are kept)
+    # training, then the trained arm (it decides the target, so its figure shows first), then the untrained arm:
+    # the base weights loaded again (evaluation shards an earlier session committed are kept)
     train_loop(a, state, trainer, policy, train, pool=live_pool, executor=executor, lake=lake)
+    trained = run_eval("trained", held, replace(eval_spec, run_id="eval-trained", checkpoint_id="trained"),
+                       policy, executor, lake, a, state)
+    evals = {"trained": summarize(trained)}
+    print(_fmt("trained", evals["trained"]), flush=True)
     untrained_policy = TransformersBackend.load(base, threads=a.threads)
     untrained = run_eval("untrained", held, replace(eval_spec, run_id="eval-untrained", checkpoint_id="untrained"),
                          untrained_policy, executor, lake, a, state)
     state.data["phases"]["untrained"]["done"] = True
-    evals = {"untrained": summarize(untrained)}
+    evals["untrained"] = summarize(untrained)
     print(_fmt("untrained", evals["untrained"]), flush=True)
-    trained = run_eval("trained", held, replace(eval_spec, run_id="eval-trained", checkpoint_id="trained"),
-                       policy, executor, lake, a, state)
-    evals["trained"] = summarize(trained)
-    print(_fmt("trained", evals["trained"]), flush=True)
     history = [{k: v for k, v in c.items() if k != "shapes"} for c in state.data["curve"]]
     return {"conductor": a.conductor_model, "iterations": a.iterations, "evals": evals, "single": single,
             "curve": state.data["curve"], "metrics_history": history,

@@ -4,6 +4,10 @@ Why: GRPO can only find what the vocabulary offers. Before reading a learning ru
 what the best policy over that vocabulary scores on the same training questions (never the held-out ones),
 per domain, through the very same pipeline (prompt, parse, T = 0 workers, grade) as ``bench/learning_local.py``.
 
+``--questions validation`` probes questions drawn like the held-out ones (GSM8K test, MMLU-STEM) but disjoint from
+them and from training: the place to choose a prompt or vocabulary, since on GSM8K train questions the Qwen
+workers do better step by step than they do on test ones (``learning_local.split_questions``).
+
 A workflow is written the way the learning bench prints shapes (``shape_of``): ``worker/subtask`` per step,
 ``>`` between steps, ``+`` before a step that sees every earlier one; subtasks are ``direct``, ``code``,
 ``check`` and ``reason`` (``conductor.learning.grpo.format``). So a shape read off a run's curve can be pasted here.
@@ -42,6 +46,7 @@ from learning_local import (  # noqa: E402
     run_batch,
     seed_caches,
     split_questions,
+    validation_questions,
 )
 
 DEFAULT_SHAPES = (
@@ -93,6 +98,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--eval-questions", type=int, default=200, help="only to reproduce the bench's split")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mcq-share", type=float, default=0.5, help="as learning_local.py's (--from-state reads it)")
+    ap.add_argument("--math-train", default="train", choices=["train", "test"],
+                    help="as learning_local.py's (--from-state reads it)")
+    ap.add_argument("--questions", default="training", choices=["training", "validation"],
+                    help="the run's training questions, or validation ones: drawn like the held-out set, disjoint "
+                         "from it and from training (learning_local.validation_questions)")
+    ap.add_argument("--validation-questions", type=int, default=96, help="how many, half per domain")
     ap.add_argument("--domains", nargs="+", choices=DOMAINS, default=list(DOMAINS),
                     help="probe only these domains' training questions (e.g. a code workflow on math only)")
     ap.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES))
@@ -109,6 +120,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         a.pool, a.train_questions = cfg["pool"], cfg["train_questions"]
         a.eval_questions, a.seed = cfg["eval_questions"], cfg["seed"]
         a.mcq_share = cfg.get("mcq_share", FROZEN_DEFAULTS["mcq_share"])
+        a.math_train = cfg.get("math_train", FROZEN_DEFAULTS["math_train"])
     return a
 
 
@@ -133,8 +145,7 @@ def probe(a: argparse.Namespace) -> dict[str, dict[str, list[int]]]:
     watch_children()    # a killed probe must not leave its model servers running
     pool = greedy_pool(a.pool)
     workflows = {s: parse_shape(s, [w.name for w in pool.workers]) for s in a.shapes}
-    train, _ = split_questions(a.train_questions, a.eval_questions, a.seed, a.mcq_share)
-    train = [q for q in train if q.domain in a.domains]
+    train = probe_questions(a)
     out_path, cache = Path(a.out), Path(a.cache)
     out = json.loads(out_path.read_text()) if out_path.is_file() else {}
     run_cache = Path(a.from_state or "", "cache.sqlite")
@@ -163,10 +174,20 @@ def probe(a: argparse.Namespace) -> dict[str, dict[str, list[int]]]:
     return {s: {d: out[_key(s, pool.pool_id, a)][d] for d in a.domains} for s in a.shapes}
 
 
+def probe_questions(a: argparse.Namespace) -> list[Any]:
+    """The questions probed, in the chosen domains: the run's training ones or validation ones."""
+    train, held = split_questions(a.train_questions, a.eval_questions, a.seed, a.mcq_share, a.math_train)
+    qs = train if a.questions == "training" else validation_questions(a.validation_questions, a.seed, train + held)
+    return [q for q in qs if q.domain in a.domains]
+
+
 def _key(shape: str, pool_id: str, a: argparse.Namespace) -> str:
     """What a stored result depends on: the workflow, the pool and the training split (the MCQ share shown only
     when not the default half, so results stored before it existed keep their keys)."""
     share = "" if a.mcq_share == 0.5 else f"/mcq{a.mcq_share:g}"
+    share += "" if a.math_train == "train" else f"/math-{a.math_train}"
+    if a.questions == "validation":
+        return f"{shape} @ {pool_id} validation {a.validation_questions}/{a.seed}"
     return f"{shape} @ {pool_id} {a.train_questions}/{a.eval_questions}/{a.seed}{share}"
 
 
@@ -178,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"workflow_probe: {e}")
     doms = a.domains
     n = {d: len(next(iter(res.values()))[d]) for d in doms}
-    print(f"\n{'workflow (training questions only)':58s} " + " ".join(f"{d + f' ({n[d]})':>16s}" for d in doms)
+    print(f"\n{f'workflow ({a.questions} questions only)':58s} " + " ".join(f"{d + f' ({n[d]})':>16s}" for d in doms)
           + f" {'both':>7s}")
     overall = {}
     for shape, per in res.items():

@@ -44,10 +44,16 @@ REASON_SUBTASK = ("Solve the question step by step in a few short sentences, the
 ADAPT_SUBTASK = ("If the answer is a number to be calculated, work it out step by step, check each step and fix "
                  "any mistake. Otherwise answer directly. Either way, give the final answer in the format the "
                  "question asks for.")
+# "adapt" for a worker shown earlier steps. In the eighth attempt's chains (the 0.5B, then the 1.5B seeing it) the
+# 1.5B copied the 0.5B's wrong MMLU-STEM letter in 153 of 332 chains from iteration 18 on: the chain scored 0.29
+# where the 1.5B told to "adapt" alone scored 0.46 on the same questions (docs/learning.md).
+OWN_SUBTASK = ("Earlier answers may be wrong: do not copy them, solve the question yourself. If the answer is a "
+               "number to be calculated, work it out step by step and check each step. Otherwise answer directly. "
+               "Either way, give the final answer in the format the question asks for.")
 DEFAULT_SUBTASKS = (DIRECT_SUBTASK, CODE_SUBTASK, CHECK_SUBTASK)
 # Short names for the vocabulary's subtasks, as benches print workflow shapes ("qwen2.5-coder-1.5b/check").
 SUBTASK_LABELS = {"direct": DIRECT_SUBTASK, "code": CODE_SUBTASK, "check": CHECK_SUBTASK, "reason": REASON_SUBTASK,
-                  "adapt": ADAPT_SUBTASK}
+                  "adapt": ADAPT_SUBTASK, "own": OWN_SUBTASK}
 _MODEL_LINE = re.compile(r"^Model (\d+)\b", re.MULTILINE)
 
 
