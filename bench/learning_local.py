@@ -272,6 +272,8 @@ def validation_questions(n: int, seed: int, exclude: list[Any]) -> list[Any]:
 
     _, gtest, mcq = _shuffled_sources(seed)
     k_math, k_mcq = domain_counts(n)
+    if k_math > len(gtest) or k_mcq > len(mcq):
+        raise ValueError(f"{n} validation questions: more than GSM8K test ({len(gtest)}) or MMLU-STEM ({len(mcq)}) hold")
     val = gtest[len(gtest) - k_math:] + mcq[len(mcq) - k_mcq:]
     check_disjoint(val, exclude)
     return val

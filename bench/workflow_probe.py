@@ -9,8 +9,8 @@ them and from training: the place to choose a prompt or vocabulary, since on GSM
 workers do better step by step than they do on test ones (``learning_local.split_questions``).
 
 A workflow is written the way the learning bench prints shapes (``shape_of``): ``worker/subtask`` per step,
-``>`` between steps, ``+`` before a step that sees every earlier one; subtasks are ``direct``, ``code``,
-``check`` and ``reason`` (``conductor.learning.grpo.format``). So a shape read off a run's curve can be pasted here.
+``>`` between steps, ``+`` before a step that sees every earlier one; subtasks by their names in
+``conductor.learning.grpo.format.SUBTASK_LABELS`` (``direct``, ``code``, ``adapt``, ...). So a shape read off a run's curve can be pasted here.
 
     python bench/workflow_probe.py --from-state runs/learning-local-q8          # that run's split and cache
     python bench/workflow_probe.py --train-questions 96 --shapes "qwen2.5-coder-1.5b/check"
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     a = _args(argv)
     try:
         res = probe(a)
-    except ShapeError as e:
+    except (ShapeError, ValueError) as e:    # ValueError: validation questions overlapping a training set
         sys.exit(f"workflow_probe: {e}")
     doms = a.domains
     n = {d: len(next(iter(res.values()))[d]) for d in doms}
