@@ -1,4 +1,4 @@
-"""Fixed workflows on the learning bench's TRAINING questions: which workflow is best in each domain.
+"""Fixed workflows on the learning bench's training (or validation) questions: which workflow is best in each domain.
 
 Why: GRPO can only find what the vocabulary offers. Before reading a learning run's held-out figure, this says
 what the best policy over that vocabulary scores on the same training questions (never the held-out ones),
