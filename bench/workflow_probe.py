@@ -105,7 +105,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                          "from it and from training (learning_local.validation_questions)")
     ap.add_argument("--validation-questions", type=int, default=96, help="how many, half per domain")
     ap.add_argument("--domains", nargs="+", choices=DOMAINS, default=list(DOMAINS),
-                    help="probe only these domains' training questions (e.g. a code workflow on math only)")
+                    help="probe only these domains' questions (e.g. a code workflow on math only)")
     ap.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES))
     ap.add_argument("--cache", default="runs/workflow-probe/cache.sqlite")
     ap.add_argument("--seed-cache", nargs="+", default=[], metavar="CACHE",
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     a = _args(argv)
     try:
         res = probe(a)
-    except (ShapeError, ValueError) as e:    # ValueError: validation questions overlapping a training set
+    except (ShapeError, ValueError) as e:    # ValueError: validation questions too many or overlapping
         sys.exit(f"workflow_probe: {e}")
     doms = a.domains
     n = {d: len(next(iter(res.values()))[d]) for d in doms}

@@ -47,6 +47,8 @@ ADAPT_SUBTASK = ("If the answer is a number to be calculated, work it out step b
 # "adapt" for a worker shown earlier steps. In the eighth attempt's chains (the 0.5B, then the 1.5B seeing it) the
 # 1.5B copied the 0.5B's wrong MMLU-STEM letter in 153 of 332 chains from iteration 18 on: the chain scored 0.29
 # where the 1.5B told to "adapt" alone scored 0.46 on the same questions (docs/learning.md).
+# On 48 MMLU-STEM validation questions it did not stop the copying: the chain ending on "own" scored 0.29 against
+# 0.375 for the 1.5B told to "adapt" alone. Kept for probes; not in any vocabulary trained so far.
 OWN_SUBTASK = ("Earlier answers may be wrong: do not copy them, solve the question yourself. If the answer is a "
                "number to be calculated, work it out step by step and check each step. Otherwise answer directly. "
                "Either way, give the final answer in the format the question asks for.")
