@@ -3,6 +3,8 @@ whose answers are counted by hand (see tests/lake_records.py)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import subprocess
@@ -146,6 +148,12 @@ def test_query_cli_prints_table_csv_and_json(lake):
     run = CliRunner().invoke
     r = run(app, ["query", sql, "--lake", lake, "-f", "csv"])
     assert r.exit_code == 0 and r.stdout.splitlines() == ["run_id,n", "r1,6", "r2,2"]
+    # nested columns (list of structs, list of strings) come out as JSON text, equal to the JSON format's values
+    nested = "SELECT trajectory_id, steps, subpool FROM trajectories ORDER BY trajectory_id"
+    as_csv = list(csv.DictReader(io.StringIO(run(app, ["query", nested, "--lake", lake, "-f", "csv"]).stdout)))
+    as_json = json.loads(run(app, ["query", nested, "--lake", lake, "-f", "json"]).stdout)
+    assert len(as_csv) == len(as_json) == 8 and any(r["steps"] for r in as_json)
+    assert [{k: json.loads(v) if k != "trajectory_id" else v for k, v in r.items()} for r in as_csv] == as_json
     r = run(app, ["query", sql, "--lake", lake, "--engine", "polars"])
     assert r.exit_code == 0 and "r1" in r.stdout and "│" in r.stdout
     r = run(app, ["lake", "stats", "--lake", lake, "-f", "csv"])

@@ -39,11 +39,24 @@ def _open(lake: str):
         fail(f"lake {lake}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
 
 
+def _csv_ready(df):
+    """CSV has no nested values: list and struct columns (``steps``, ``subpool``, ...) become JSON text, which
+    a spreadsheet shows and ``json.loads`` reads back, instead of polars refusing the whole result."""
+    import json
+
+    import polars as pl
+
+    nested = [c for c, t in df.schema.items() if t.is_nested()]
+    return df.with_columns(
+        pl.Series(c, [None if v is None else json.dumps(v, default=str) for v in df[c].to_list()], dtype=pl.String)
+        for c in nested)
+
+
 def _print(df, fmt: str) -> None:
     import polars as pl
 
     if fmt == "csv":
-        sys.stdout.write(df.write_csv())
+        sys.stdout.write(_csv_ready(df).write_csv())
     elif fmt == "json":
         sys.stdout.write(df.write_json() + "\n")
     else:
