@@ -309,31 +309,76 @@ def run_batch(questions: list[Any], spec: Any, policy: Any, executor: Any) -> li
     return pipeline.score(trajs, questions)
 
 
+def open_shards(name: str, held: list[Any], spec: Any, lake: str, a: argparse.Namespace) -> list[tuple[int, str, list[Any]]]:
+    """An evaluation arm's shards not committed yet: (index, shard id, questions)."""
+    from conductor.lake.writer import shard_done
+
+    shards = [held[i:i + a.shard_size] for i in range(0, len(held), a.shard_size)]
+    return [(si, f"{name}-{si:03d}", qs) for si, qs in enumerate(shards)
+            if not shard_done(lake, "eval", spec.run_id, f"{name}-{si:03d}")]
+
+
+def _add_phase_seconds(state: State, name: str, seconds: float) -> None:
+    phase = state.data["phases"].setdefault(name, {})
+    phase["seconds"] = round(phase.get("seconds", 0) + seconds, 1)
+    state.save()
+
+
 def run_eval(name: str, held: list[Any], spec: Any, policy: Any, executor: Any, lake: str, a: argparse.Namespace,
              state: State) -> list[Any]:
     """One evaluation arm, in committed lake shards (a resume skips the committed ones)."""
     from conductor.lake.reader import load_trajectories
-    from conductor.lake.writer import shard_done, write_shard
+    from conductor.lake.writer import write_shard
 
-    shards = [held[i:i + a.shard_size] for i in range(0, len(held), a.shard_size)]
+    n_shards = -(-len(held) // a.shard_size)
     t0 = time.time()
-    for si, qs in enumerate(shards):
-        sid = f"{name}-{si:03d}"
-        if shard_done(lake, "eval", spec.run_id, sid):
-            continue
+    for si, sid, qs in open_shards(name, held, spec, lake, a):
         ts = time.time()
         stats0 = dict(executor.stats)
         write_shard(lake, run_batch(qs, spec, policy, executor), sid)
         calls = executor.stats["calls"] - stats0["calls"]
         hits = executor.stats["cache_hits"] - stats0["cache_hits"]
-        print(f"  [eval {name}] shard {si + 1}/{len(shards)}: {time.time() - ts:.0f}s, {calls} calls, {hits} cache hits "
+        print(f"  [eval {name}] shard {si + 1}/{n_shards}: {time.time() - ts:.0f}s, {calls} calls, {hits} cache hits "
               f"(total {state.wall_s / 60:.1f} min)", flush=True)
         state.save()
     rows = load_trajectories(lake, spec.run_id, kind="eval")
-    state.data["phases"].setdefault(name, {})["seconds"] = round(
-        state.data["phases"].get(name, {}).get("seconds", 0) + time.time() - t0, 1)
-    state.save()
+    _add_phase_seconds(state, name, time.time() - t0)
     return rows
+
+
+class TrainedOnDemand:
+    """The trained conductor, trained (or replayed from the lake) only when a generation is asked of it.
+
+    WHY: behind ``CachedPolicy`` the workflows it writes for the held-out questions land in the response cache,
+    which is carried between machines; the 1.6 GB checkpoint is not. Once every held-out workflow is cached, a
+    fresh machine evaluates the trained arm without replaying 40 GRPO updates first (1.5-2 h on 2 cores)."""
+
+    name = "transformers"
+
+    def __init__(self, build: Any):
+        self._build, self._policy, self.build_s = build, None, 0.0
+
+    def generate(self, prompts: list[str], n: int, params: Any) -> Any:
+        if self._policy is None:
+            t0 = time.time()
+            self._policy = self._build()
+            self.build_s = time.time() - t0
+        return self._policy.generate(prompts, n, params)
+
+
+def pregenerate(name: str, held: list[Any], spec: Any, policy: Any, lake: str, a: argparse.Namespace,
+                state: State) -> None:
+    """Every open shard's workflows written before any worker call, so that all of them reach the cache early.
+    Shard by shard, as ``run_eval`` generates them, so the batches (and so the greedy outputs) are the same."""
+    from conductor.run import pipeline
+
+    t0, h0, m0, b0 = time.time(), policy.hits, policy.misses, policy.inner.build_s
+    for _, _, qs in open_shards(name, held, spec, lake, a):
+        pipeline.generate(pipeline.plan(qs, spec), policy, spec)
+    built = policy.inner.build_s - b0
+    _add_phase_seconds(state, name, time.time() - t0 - built)
+    print(f"  [eval {name}] held-out workflows: {policy.misses - m0} generated, {policy.hits - h0} from the cache"
+          f" ({time.time() - t0 - built:.0f}s)" + ("" if built else "; training not needed this session"), flush=True)
 
 
 # ------------------------------------------------------------------ summaries
@@ -678,6 +723,7 @@ def seed_caches(sources: list[str], cache: Path) -> None:
 def run_all(a: argparse.Namespace, state: State, pool: Any, live_pool: Any, executor: Any, train: list[Any],
             held: list[Any], base: Path, tracker: Any, lake: str) -> dict[str, Any]:
     """Baselines, untrained, training, trained: each phase skipped or resumed from the state dir."""
+    from conductor.policy.cached import CachedPolicy
     from conductor.policy.fixed import FixedWorkflowPolicy
     from conductor.policy.transformers_backend import TransformersBackend
     from conductor.run.pipeline import RunSpec
@@ -693,14 +739,21 @@ def run_all(a: argparse.Namespace, state: State, pool: Any, live_pool: Any, exec
                                        lake, a, state)
         single[w.name] = summarize(single_rows[w.name])
         print(_fmt(f"single {w.name}", single[w.name]), flush=True)
-    trainer = make_trainer(a, state, base, tracker)
-    policy = TransformersBackend(trainer.model, trainer.tokenizer, batch_size=max(a.group_size, 8))
-    policy.conductor_format = trainer.conductor_format
-    # training, then the trained arm (it decides the target, so its figure shows first), then the untrained arm:
-    # the base weights loaded again (evaluation shards an earlier session committed are kept)
-    train_loop(a, state, trainer, policy, train, pool=live_pool, executor=executor, lake=lake)
-    trained = run_eval("trained", held, replace(eval_spec, run_id="eval-trained", checkpoint_id="trained"),
-                       policy, executor, lake, a, state)
+
+    def trained_policy() -> Any:
+        trainer = make_trainer(a, state, base, tracker)
+        policy = TransformersBackend(trainer.model, trainer.tokenizer, batch_size=max(a.group_size, 8))
+        policy.conductor_format = trainer.conductor_format
+        train_loop(a, state, trainer, policy, train, pool=live_pool, executor=executor, lake=lake)
+        return policy
+
+    # training (on the first held-out workflow the cache lacks), then the trained arm (it decides the target, so
+    # its figure shows first), then the untrained arm: the base weights loaded again (committed shards are kept)
+    trained_spec = replace(eval_spec, run_id="eval-trained", checkpoint_id="trained")
+    policy = CachedPolicy(TrainedOnDemand(trained_policy), executor.cache,
+                          f"learning-local/{state.data['mlflow_run_id']}/it{a.iterations:04d}")
+    pregenerate("trained", held, trained_spec, policy, lake, a, state)
+    trained = run_eval("trained", held, trained_spec, policy, executor, lake, a, state)
     evals = {"trained": summarize(trained)}
     print(_fmt("trained", evals["trained"]), flush=True)
     untrained_policy = TransformersBackend.load(base, threads=a.threads)
