@@ -313,9 +313,9 @@ def open_shards(name: str, held: list[Any], spec: Any, lake: str, a: argparse.Na
     """An evaluation arm's shards not committed yet: (index, shard id, questions)."""
     from conductor.lake.writer import shard_done
 
-    shards = [held[i:i + a.shard_size] for i in range(0, len(held), a.shard_size)]
-    return [(si, f"{name}-{si:03d}", qs) for si, qs in enumerate(shards)
-            if not shard_done(lake, "eval", spec.run_id, f"{name}-{si:03d}")]
+    shards = [(si, f"{name}-{si:03d}", held[i:i + a.shard_size])
+              for si, i in enumerate(range(0, len(held), a.shard_size))]
+    return [s for s in shards if not shard_done(lake, "eval", spec.run_id, s[1])]
 
 
 def _add_phase_seconds(state: State, name: str, seconds: float) -> None:
