@@ -19,13 +19,20 @@ from flows.rollout import rollout_flow
 
 @task(name="compare-candidate-champion", cache_policy=NONE)
 def compare_runs(lake: str, candidate_run: str, champion_run: str, candidate_id: str, champion_id: str,
-                 metric: str = "correct", seed: int = 0) -> dict[str, Any]:
+                 metric: str = "correct", seed: int = 0, objective: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The paired comparison; with an active cost ``objective`` (``CostObjective`` fields) both runs are compared
+    on it (the reward column recomputed from reward, correct and cost_usd), not on accuracy."""
+    from conductor.grading.objective import CostObjective, with_objective
     from conductor.lake.reader import scan
     from conductor.learning.evaluation import compare
 
     cols = ["question_id", "domain", "sample_index", "correct", "reward", "infra_failed", "n_calls", "cost_usd"]
     cand = scan(lake, kind="eval", run_id=candidate_run).select(cols).collect().to_dicts()
     champ = scan(lake, kind="eval", run_id=champion_run).select(cols).collect().to_dicts()
+    obj = CostObjective(**(objective or {}))
+    if obj.active:
+        both = with_objective(cand + champ, obj)
+        cand, champ, metric = both[:len(cand)], both[len(cand):], "reward"
     report = compare(cand, champ, metric=metric, seed=seed, candidate_id=candidate_id,  # type: ignore[arg-type]
                      champion_id=champion_id)
     return report.to_json()
@@ -36,7 +43,8 @@ def evaluate_flow(candidate: str, champion: str, questions: str, pool: str, lake
                   samples: int = 4, seed: int = 0, temperature: float = 0.7, max_tokens: int = 1024,
                   k: int | None = None, heldout_workers: list[str] | None = None, limit: int | None = None,
                   cache: str | None = None, shard_size: int = 4, candidate_id: str | None = None,
-                  champion_id: str | None = None, fewshot: str = "ood", limits: str | None = None) -> dict[str, Any]:
+                  champion_id: str | None = None, fewshot: str = "ood", limits: str | None = None,
+                  objective: dict[str, Any] | None = None) -> dict[str, Any]:
     """Compare ``candidate`` with ``champion`` (conductor specs).
 
     Returns {"reports": {"main": report, "heldout": report?}, "runs": {"main": {checkpoint id: eval run id}, ...}}.
@@ -71,7 +79,7 @@ def evaluate_flow(candidate: str, champion: str, questions: str, pool: str, lake
                                        max_tokens=max_tokens, limit=limit, shard_size=shard_size, cache=cache,
                                        kind="eval", checkpoint_id=cid, fewshot=fewshot, limits=limits))
             runs[cid] = run
-        report = compare_runs(lake, runs[cand_id], runs[champ_id], cand_id, champ_id, seed=seed)
+        report = compare_runs(lake, runs[cand_id], runs[champ_id], cand_id, champ_id, seed=seed, objective=objective)
         reports[name] = report
         all_runs[name] = runs
         log.info("evaluation (%s pool):\n%s", name, EvalReport.from_json(report).render())

@@ -25,6 +25,7 @@ from conductor.learning.nightly import (
     iteration_record,
     iteration_rollout,
     night_status,
+    objective_of,
     plan_night,
     policy_spec,
     retrain_reason,
@@ -57,22 +58,42 @@ def nightly_flow(config: NightlyConfig) -> dict[str, Any]:
     log.info("night %s: %s", night.tag, why)
     if not retrain:
         return _skipped(night, manifest, why)
+    headroom = _headroom(config, night, manifest) if config.headroom else None
     iterations, current, stopped = _train(config, night, reg, champion, manifest)
     if stopped:
         log.warning("night %s stopped: %s", night.tag, stopped)
-        return _report(config, night, manifest, why, iterations, stopped=stopped)
+        return _report(config, night, manifest, why, iterations, stopped=stopped, headroom=headroom)
     if not (iterations and iterations[-1].get("checkpoint_id")):
-        return _report(config, night, manifest, why, iterations)
+        return _report(config, night, manifest, why, iterations, headroom=headroom)
     evaluation = evaluate_flow(candidate=policy_spec(config, current), champion=policy_spec(config, champion.uri),
                                questions=config.eval_questions, pool=config.pool, lake=night.lake,
                                out=str(night.reports), samples=config.eval_samples, seed=config.seed,
                                max_tokens=config.max_tokens, k=config.k, heldout_workers=config.heldout_workers,
                                limit=config.eval_limit, cache=night.cache, shard_size=config.shard_size,
                                candidate_id=iterations[-1]["checkpoint_id"], champion_id=champion.checkpoint_id,
-                               fewshot=config.fewshot, limits=config.limits)
+                               fewshot=config.fewshot, limits=config.limits, objective=objective_of(config))
     decision, points, eval_run = _promote(config, night, reg, champion, manifest, evaluation)
     return _report(config, night, manifest, why, iterations, evaluation=evaluation, decision=decision,
-                   points=points, eval_run=eval_run)
+                   points=points, eval_run=eval_run, headroom=headroom)
+
+
+def _headroom(config: NightlyConfig, night: Night, manifest: Any) -> dict[str, Any]:
+    """Before training on a new pool: every worker alone on the evaluation questions (the same runs the report's
+    baselines reuse), then the headroom check over them (conductor/stats/headroom.py): pool- or router-bound."""
+    from conductor.lake.reader import scan
+    from conductor.stats.headroom import OutcomeMatrix, headroom_report
+
+    rows = []
+    for name, baseline in baseline_rollouts(config, night, manifest):
+        rollout_flow(baseline)
+        cols = ["question_id", "question", "domain", "sample_index", "correct", "infra_failed", "cost_usd"]
+        rows += [{**r, "worker": name} for r in scan(night.lake, kind="eval", run_id=baseline.run_id)
+                 .select(cols).collect().to_dicts()]
+    report = headroom_report(OutcomeMatrix.from_rows(rows), seed=config.seed)
+    paths = report.write(night.reports / "headroom")
+    get_run_logger().info("headroom on %s: %s", manifest.id, report.verdict_line)
+    return {"verdict": report.verdict, "verdict_line": report.verdict_line, "evidence": list(report.evidence),
+            "markdown": str(paths["markdown"])}
 
 
 def _base(config: NightlyConfig, night: Night) -> str:
@@ -176,7 +197,8 @@ def _skipped(night: Night, manifest: Any, why: str) -> dict[str, Any]:
 
 def _report(config: NightlyConfig, night: Night, manifest: Any, why: str, iterations: list[dict[str, Any]],
             evaluation: dict[str, Any] | None = None, decision: dict[str, Any] | None = None,
-            points: list[Any] | None = None, eval_run: str | None = None, stopped: str | None = None) -> dict[str, Any]:
+            points: list[Any] | None = None, eval_run: str | None = None, stopped: str | None = None,
+            headroom: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write the morning-after report (and a Prefect artifact of it); the flow's result."""
     from prefect.artifacts import create_markdown_artifact
 
@@ -184,9 +206,10 @@ def _report(config: NightlyConfig, night: Night, manifest: Any, why: str, iterat
 
     path = render_nightly_report(night.reports, pool_id=manifest.id, decision=decision, why=why, iterations=iterations,
                                  evaluation=evaluation["reports"] if evaluation else None, points=points or [],
-                                 lake=night.lake, eval_run=eval_run, stopped=stopped)
+                                 lake=night.lake, eval_run=eval_run, stopped=stopped, headroom=headroom)
     text = path.read_text(encoding="utf-8")
     create_markdown_artifact(key=f"nightly-{night.tag}".lower(), markdown=text[:100_000],
                              description=f"Nightly run {night.tag}")
     return {"night": night.tag, "status": night_status(stopped, decision), "why": why, "stopped": stopped,
-            "iterations": iterations, "decision": decision, "report": str(path)}
+            "iterations": iterations, "decision": decision, "report": str(path),
+            "headroom": headroom["verdict"] if headroom else None}

@@ -137,8 +137,18 @@ def test_budgets_per_question(emu: Emulator) -> None:
     ex = Executor(budget=Budget(max_calls=2))
     [t] = run_batch([make_traj(chain)], pool.full(), ex)
     assert t.infra_failed and t.infra_cause.startswith("budget:") and len([c for c in t.calls if not c.error]) == 2
+    # the dollar budget (max_cost) is the workflow's own limit: the first call spends it, the rest are not run
+    # (each says why), and the answer is the output of the last step that ran; no infrastructure failure
     [t] = run_batch([make_traj(chain)], pool.full(), Executor(budget=Budget(max_dollars=0.05)))
-    assert t.infra_failed and "$0.05" in t.infra_cause
+    assert not t.infra_failed and t.infra_cause is None
+    ran = [c for c in t.calls if not c.error]
+    assert len(ran) == 1 and ran[0].cost_usd >= 0.05 and t.final_answer == ran[0].response
+    assert [(c.step, c.error_kind) for c in t.calls if c.error] == [(1, "budget"), (2, "budget")]
+    assert "$0.05" in t.calls[1].error and "sees" in t.calls[2].error
+    # independent steps: the cap is checked before each call starts; a step that saw nothing still answers
+    fan = lists([0, 1, 2], ["a", "b", "c"], [[], [], []])
+    [t] = run_batch([make_traj(fan)], pool.full(), Executor(budget=Budget(max_dollars=1e-12)))
+    assert not t.infra_failed and t.final_answer is not None
     emu.configure(latency_s=0.3)
     [t] = run_batch([make_traj(chain)], pool.full(), Executor(budget=Budget(max_seconds=0.5)))
     assert t.infra_failed and t.infra_cause.split(":")[0] in ("budget", "timeout")

@@ -33,6 +33,7 @@ from conductor.cli import compare_cmd as _compare_cmd  # noqa: E402,F401
 from conductor.cli import deploy_cmd as _deploy_cmd  # noqa: E402,F401
 from conductor.cli import exec_cmd as _exec_cmd  # noqa: E402,F401
 from conductor.cli import grade_cmd as _grade_cmd  # noqa: E402,F401
+from conductor.cli import headroom_cmd as _headroom_cmd  # noqa: E402,F401
 from conductor.cli import lake_cmd as _lake_cmd  # noqa: E402,F401
 from conductor.cli import learn_cmd as _learn_cmd  # noqa: E402,F401
 from conductor.cli import models_cmd as _models_cmd  # noqa: E402,F401

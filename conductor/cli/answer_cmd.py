@@ -43,6 +43,8 @@ def answer_cmd(
     constrained: bool = typer.Option(default(A, "constrained"), "--constrained/--free", help="Decode the conductor under the workflow "
                                      "grammar (default: on for the embedded conductor, off otherwise)."),
     max_steps: int = typer.Option(default(A, "max_steps"), "--max-steps", min=1, help="Most steps a workflow may have (the paper: 5)."),
+    max_cost: float = typer.Option(default(A, "max_cost"), "--max-cost", help="Dollars per question: a step "
+                                   "that would start once they are spent is not run, and the answer is the last step that ran."),
     lake: str = typer.Option(default(A, "lake"), "--lake", help="Lake root for the trajectories: a local path or s3://bucket/prefix "
                              "(default OUT/lake; S3 credentials from AWS_* variables)."),
     retry_failed: bool = typer.Option(default(A, "retry_failed"), "--retry-failed/--keep-failed", help="Redo questions an earlier run of "
@@ -66,7 +68,7 @@ def answer_cmd(
         "questions": questions, "out": out, "pool": pool, "conductor": conductor, "samples": samples,
         "recursion_depth": recursion_depth, "limit": limit, "shard_size": shard_size, "k": k, "seed": seed,
         "temperature": temperature, "max_tokens": max_tokens, "run_id": run_id, "cache": cache, "replay": replay,
-        "fewshot": fewshot, "constrained": constrained, "max_steps": max_steps, "lake": lake,
+        "fewshot": fewshot, "constrained": constrained, "max_steps": max_steps, "max_cost": max_cost, "lake": lake,
         "retry_failed": retry_failed, "batch": batch, "batch_poll": batch_poll, "limits": limits, "compact": compact},
         fields={"batch_poll": "batch_poll_s"})
     try:  # every check before Prefect starts: bad input is one `error:` line (exit 2), not a traceback

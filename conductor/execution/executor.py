@@ -13,7 +13,11 @@ Failure taxonomy:
   budgets) end the round with ``failure`` set: the trajectory is
   ``infra_failed`` with the cause and is never rewarded 0;
 - empty or truncated replies are the workflow's own outcome: recorded
-  (``finish_reason``) and passed on like any reply.
+  (``finish_reason``) and passed on like any reply;
+- the question's dollar budget (``max_cost``) is the conductor's own limit, not a
+  failure: a step that would start once the budget is spent is not run (its call
+  record says so, ``error_kind="budget"``), nor is any step that sees it, and the
+  round's answer is the output of the last step that ran (``RoundResult.budget_stop``).
 Steps not yet started when a failure happens are not started; calls already in
 flight finish and are cached, so a rerun does not pay for them again.
 
@@ -56,6 +60,13 @@ class Budget:
     max_seconds: float | None = None
 
 
+class BudgetStop(ProviderError):
+    """The question's dollar budget is spent: the workflow stops at its last affordable step."""
+
+    def __init__(self, message: str):
+        super().__init__("budget", message)
+
+
 @dataclass
 class QuestionState:
     """What one trajectory has used so far; shared by its rounds."""
@@ -76,7 +87,7 @@ class QuestionState:
         if b.max_calls is not None and self.calls >= b.max_calls:
             raise ProviderError("budget", f"{who}: question budget of {b.max_calls} calls used up")
         if b.max_dollars is not None and self.dollars >= b.max_dollars:
-            raise ProviderError("budget", f"{who}: question budget of ${b.max_dollars:g} used up (${self.dollars:.4f})")
+            raise BudgetStop(f"{who}: not run, the question's budget of ${b.max_dollars:g} is spent (${self.dollars:.4f})")
         left = self.remaining_s()
         if left is not None and left <= 0:
             raise ProviderError("budget", f"{who}: question budget of {b.max_seconds:g} s used up")
@@ -91,6 +102,7 @@ class RoundResult:
     responses: dict[int, str]
     final_answer: str | None
     failure: ProviderError | None = None
+    budget_stop: str | None = None     # why steps were left out under the dollar budget (the answer is the last that ran)
 
     @property
     def infra_cause(self) -> str | None:
@@ -174,8 +186,9 @@ class Executor:
                 return self._reuse(shared, worker, rec, state, who, start)
             return await self._lead(key, self._fetch(worker, messages, rec, sample_index, state, who, start, key))
         except ProviderError as e:
-            self.stats["failures"] += 1
-            log.warning("call failed for %s (%s): %s", who, e.kind, e)
+            if not isinstance(e, BudgetStop):   # a spent dollar budget is the workflow's outcome, not a failure
+                self.stats["failures"] += 1
+                log.warning("call failed for %s (%s): %s", who, e.kind, e)
             rec.retries = getattr(e, "retries", rec.retries)
             rec.error = redact(str(e))
             rec.error_kind = e.kind
@@ -309,6 +322,7 @@ class Executor:
         responses: dict[int, str] = {}
         done = [asyncio.Event() for _ in range(n)]
         failure: list[ProviderError] = []
+        stopped: dict[int, str] = {}      # steps left out under the dollar budget -> why
         prev = list(previous_round) if previous_round else None
 
         async def run_step(i: int) -> None:
@@ -319,13 +333,20 @@ class Executor:
                     return
                 step = workflow.steps[i]
                 worker = subpool.worker(step.worker)
-                msgs = worker_messages(question, workflow, i, {j: responses[j] for j in deps[i]}, prev)
                 rec = records[i] = CallRecord(
                     call_id=f"{depth}.{i}", parent_call_id=parent_call_id, depth=depth, step=i,
                     worker_index=step.worker, worker=worker.name, provider=worker.provider, model=worker.model,
                     subtask=step.subtask, access=list(deps[i]), access_all=step.access == ALL)
+                if any(d in stopped for d in deps[i]):
+                    rec.error, rec.error_kind = "not run: a step it sees was left out under the dollar budget", "budget"
+                    stopped[i] = rec.error
+                    return
+                msgs = worker_messages(question, workflow, i, {j: responses[j] for j in deps[i]}, prev)
                 try:
                     c = await self.call(worker, msgs, rec, sample_index=sample_index, state=state)
+                except BudgetStop as e:
+                    stopped[i] = str(e)
+                    return
                 except ProviderError as e:
                     failure.append(e)
                     return
@@ -341,5 +362,8 @@ class Executor:
         calls = [r for r in records if r is not None]
         if failure:
             return RoundResult(calls, responses, None, failure[0])
+        if stopped:   # the answer is the output of the last step that ran, if any did
+            final = responses[max(responses)] if responses else None
+            return RoundResult(calls, responses, final, budget_stop=redact(stopped[min(stopped)]))
         final = responses.get(n - 1) if n else None
         return RoundResult(calls, responses, final)

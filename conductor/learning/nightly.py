@@ -179,6 +179,19 @@ def baseline_rollouts(config: NightlyConfig, night: Night, manifest: Pool) -> li
     return out
 
 
+def objective_of(config: NightlyConfig) -> dict[str, Any] | None:
+    """The cost objective the night trains for (``grpo: {objective: {...}}``), which its evaluation then compares
+    candidate and champion on; None: accuracy, the paper's reward.
+
+    >>> from conductor.run.config import NightlyConfig
+    >>> base = dict(pool="p", train_questions="t", eval_questions="e", work_dir="w", base="b")
+    >>> objective_of(NightlyConfig(**base)), objective_of(NightlyConfig(**base, grpo={"objective": {"cost_lambda": 0.2}}))
+    (None, {'cost_lambda': 0.2})
+    """
+    obj = (config.grpo or {}).get("objective")
+    return dict(obj) if obj else None
+
+
 def night_status(stopped: str | None, decision: dict[str, Any] | None) -> str:
     """stopped (the budget ran out), promoted, or challenger (trained, not significantly better, or not evaluated).
 

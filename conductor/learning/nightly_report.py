@@ -60,8 +60,9 @@ def plot_accuracy_vs_dollars(points: list[Point], path: Path) -> Path:
 def render_nightly_report(out_dir: str | Path, *, pool_id: str, decision: dict[str, Any] | None,
                           why: str, iterations: list[dict[str, Any]], evaluation: dict[str, Any] | None,
                           points: list[Point], lake: str | None = None, eval_run: str | None = None,
-                          stopped: str | None = None) -> Path:
-    """Write nightly.md (+ PNGs) and return its path."""
+                          stopped: str | None = None, headroom: dict[str, Any] | None = None) -> Path:
+    """Write nightly.md (+ PNGs) and return its path. ``headroom``: the check run before training
+    (``verdict_line``, ``evidence``; its own page and plot under ``headroom/``)."""
     from conductor.learning.evaluation import EvalReport
 
     out = Path(out_dir)
@@ -70,6 +71,10 @@ def render_nightly_report(out_dir: str | Path, *, pool_id: str, decision: dict[s
     lines = [f"# Nightly run report — pool {pool_id}", "", f"Generated {now}.", "", f"**What it did and why:** {why}", ""]
     if stopped:
         lines += [f"**Stopped early:** {stopped} (rerun the same night to resume).", ""]
+    if headroom:
+        lines += ["## Headroom check (before training)", "", f"**{headroom['verdict_line']}**", "",
+                  *[f"- {e}" for e in headroom.get("evidence", [])], "",
+                  "![headroom](headroom/headroom.png)", "", "Details: [headroom/headroom.md](headroom/headroom.md).", ""]
     if iterations:
         plot_iterations(iterations, out / "iterations.png")
         lines += ["## Iterations", "", "![reward and accuracy over iterations](iterations.png)", "",

@@ -111,6 +111,7 @@ class AnswerConfig(RunConfig):
     fewshot: str = "auto"
     constrained: bool | None = None        # None: on for the embedded conductor
     max_steps: int = Field(5, ge=1)
+    max_cost: float | None = Field(None, gt=0)   # dollars per question; steps past it are not run (executor)
     retry_failed: bool = True
     batch: bool = False
     batch_poll_s: float = Field(60.0, gt=0)
@@ -127,6 +128,8 @@ class AnswerConfig(RunConfig):
         """Hash of what defines the run's answers: the pool, the checkpoint and ``RUN_FIELDS`` (resolved:
         call it on the configuration ``prepare_answer`` returns). Not the limit, shard size, paths or modes."""
         settings = [pool.id, pool.fingerprint, checkpoint, *(getattr(self, f) for f in self.RUN_FIELDS)]
+        if self.max_cost is not None:    # appended only when set, so earlier run ids stay what they were
+            settings.append(["max_cost", self.max_cost])
         return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def derive_run_id(self, key: str) -> str:
@@ -138,7 +141,8 @@ class AnswerConfig(RunConfig):
         """The ``RunSpec`` fields this configuration decides."""
         return {"samples": self.samples, "subpool_k": self.k, "seed": self.seed, "recursion_depth": self.recursion_depth,
                 "temperature": self.temperature, "max_tokens": self.max_tokens, "fewshot": self.fewshot,
-                "constrained": bool(self.constrained), "max_steps": self.max_steps}
+                "constrained": bool(self.constrained), "max_steps": self.max_steps,
+                "max_dollars_per_question": self.max_cost}
 
 
 class RolloutConfig(RunConfig):
@@ -163,11 +167,13 @@ class RolloutConfig(RunConfig):
     checkpoint_id: str | None = None       # None: derived from the conductor spec
     fewshot: str = "ood"
     limits: str | None = None
+    max_cost: float | None = Field(None, gt=0)   # dollars per question; steps past it are not run (executor)
 
     def pipeline_settings(self) -> dict[str, Any]:
         """The ``RunSpec`` fields this configuration decides."""
         return {"samples": self.group_size, "subpool_k": self.k, "seed": self.seed, "temperature": self.temperature,
-                "max_tokens": self.max_tokens, "recursion_depth": self.recursion_depth, "fewshot": self.fewshot}
+                "max_tokens": self.max_tokens, "recursion_depth": self.recursion_depth, "fewshot": self.fewshot,
+                "max_dollars_per_question": self.max_cost}
 
 
 class NightlyConfig(RunConfig):
@@ -191,6 +197,7 @@ class NightlyConfig(RunConfig):
     grpo: dict[str, Any] | None = None     # GRPO config overrides (conductor.learning.grpo.config)
     heldout_workers: list[str] | None = None
     baselines: bool = True                 # also evaluate every single worker, for the report's plot
+    headroom: bool = True                  # before training on a new pool: the headroom check (conductor/stats)
     force: bool = False                    # retrain even if the pool is unchanged
     max_calls: int | None = Field(None, ge=1)
     max_dollars: float | None = Field(None, ge=0)

@@ -133,13 +133,15 @@ def check_worker_options(manifest: Pool, source: str = "<pool>") -> None:
     """Provider-specific ``options`` are validated by their provider; check them before any call."""
     from pydantic import ValidationError
 
+    from conductor.workers.providers.replay import ReplayOptions
     from conductor.workers.providers.simulated import SimulatedOptions
 
+    validators = {"simulated": SimulatedOptions, "replay": ReplayOptions}
     for i, w in enumerate(manifest.workers):
-        if w.provider != "simulated":
+        if w.provider not in validators:
             continue
         try:
-            SimulatedOptions.model_validate(w.options)
+            validators[w.provider].model_validate(w.options)
         except ValidationError as e:
             err = e.errors()[0]
             where = ".".join(str(p) for p in err["loc"])

@@ -21,7 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ProviderName = Literal["openai", "anthropic", "google", "openai_compatible", "local", "conductor", "simulated",
-                       "python", "vote"]
+                       "python", "vote", "replay"]
 BATCH_PROVIDERS = ("openai", "openai_compatible", "anthropic", "google")   # have a batch API adapter
 
 

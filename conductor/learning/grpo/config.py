@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from conductor.grading.objective import CostObjective
+
 LossAggregation = Literal["sequence-mean", "token-mean", "dapo", "dr-grpo"]
 
 
@@ -49,6 +51,9 @@ class GRPOConfig(BaseModel):
     advantage_eps: float = Field(1e-4, gt=0)
     advantage_ddof: int = Field(1, ge=0, le=1)
     temperature: float = Field(1.0, gt=0)              # sampling temperature: logits are divided by it
+    # the reward GRPO normalises: the paper's accuracy reward, or (cost_lambda > 0) the success-gated cost-aware
+    # objective of conductor/grading/objective.py; the lake keeps reward and cost_usd apart either way
+    objective: CostObjective = CostObjective()
     # batching
     micro_batch_size: int = Field(4, ge=1)
     optimizer_steps_per_batch: int = Field(1, ge=1)    # split one rollout batch into this many updates

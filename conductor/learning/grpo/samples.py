@@ -8,6 +8,10 @@ own sample; all rounds of a question are normalised together ("rewards are
 normalised across rounds", paper App. A.1). Infra-failed trajectories, and
 rounds whose grading failed (round reward None), are left out: the conductor
 is not to blame.
+
+With a cost-aware objective (``conductor.grading.objective``, ``GRPOConfig.objective``) each reward is
+first turned into its objective value: a right trajectory's reward (every round of it) is discounted by
+its dollars relative to the group's reference cost; wrong ones keep theirs.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from conductor.grading.objective import CostObjective
 from conductor.learning.grpo.advantages import Scale, group_key, grouped_advantages
 
 
@@ -44,7 +49,8 @@ class SampleStats:
     n_zero_advantage_groups: int = 0
 
 
-def build_samples(trajectories: Iterable, scale: Scale = "group", eps: float = 1e-4, ddof: int = 1) -> tuple[list[Sample], SampleStats]:
+def build_samples(trajectories: Iterable, scale: Scale = "group", eps: float = 1e-4, ddof: int = 1,
+                  objective: CostObjective | None = None) -> tuple[list[Sample], SampleStats]:
     """Turn trajectories into samples with group-normalised advantages.
 
     >>> from conductor.trajectory import Trajectory, Round
@@ -55,9 +61,21 @@ def build_samples(trajectories: Iterable, scale: Scale = "group", eps: float = 1
     >>> samples, stats = build_samples(ts)
     >>> [(s.trajectory_id, round(s.advantage, 2)) for s in samples], stats.n_infra_failed
     ([('t0', 0.71), ('t1', -0.71)], 1)
+
+    With a cost objective, two right answers of different price get different rewards:
+
+    >>> from conductor.trajectory import CallRecord
+    >>> for t, cost in zip(ts, (0.006, 0.0002)):
+    ...     t.reward, t.correct = 1.0, True
+    ...     t.calls = [CallRecord("0.0", None, 0, 0, 0, "w", "replay", "m", "s", cost_usd=cost)]
+    >>> samples, _ = build_samples(ts, objective=CostObjective(cost_lambda=0.3))
+    >>> [(s.trajectory_id, s.reward) for s in samples]
+    [('t0', 0.7), ('t1', 0.99)]
     """
     stats = SampleStats()
     samples: list[Sample] = []
+    trajectories = list(trajectories)
+    factor = _objective_factors(trajectories, objective) if objective is not None and objective.active else {}
     for t in trajectories:
         stats.n_trajectories += 1
         if t.infra_failed or t.reward is None:
@@ -75,7 +93,8 @@ def build_samples(trajectories: Iterable, scale: Scale = "group", eps: float = 1
         for rnd, rew in pairs:
             if rew is None or (not rnd.completion and not rnd.completion_token_ids):
                 continue
-            samples.append(Sample(t.trajectory_id, rnd.depth, g, rnd.prompt, rnd.completion, float(rew),
+            rew = round(float(rew) * factor.get(t.trajectory_id, 1.0), 10)
+            samples.append(Sample(t.trajectory_id, rnd.depth, g, rnd.prompt, rnd.completion, rew,
                                   completion_token_ids=rnd.completion_token_ids,
                                   behaviour_logprobs=rnd.completion_logprobs))
     adv = grouped_advantages(((s.group, (s.trajectory_id, s.depth), s.reward) for s in samples),
@@ -89,3 +108,18 @@ def build_samples(trajectories: Iterable, scale: Scale = "group", eps: float = 1
     stats.n_groups = len(groups)
     stats.n_zero_advantage_groups = sum(1 for a in groups.values() if all(abs(x) < 1e-12 for x in a))
     return samples, stats
+
+
+def _objective_factors(trajectories: list, objective: CostObjective) -> dict[str, float]:
+    """Per right trajectory, the factor ``1 - penalty`` its rewards are multiplied by (group-relative cost)."""
+    groups: dict[tuple[str, str], list] = {}
+    for t in trajectories:
+        if not t.infra_failed and t.reward is not None:
+            groups.setdefault(group_key(t.run_id, t.question_id), []).append(t)
+    out: dict[str, float] = {}
+    for members in groups.values():
+        ref = objective.group_ref((t.correct, t.cost_usd) for t in members)
+        for t in members:
+            if t.correct:
+                out[t.trajectory_id] = 1.0 - objective.penalty(t.cost_usd, ref)
+    return out

@@ -242,7 +242,8 @@ class PolicyTrainer:
     def _samples(self, trajectories: list[Any]) -> tuple[list[Sample], SampleStats]:
         """The batch's samples with their advantages; records the rollout runs and pools for the lineage."""
         cfg = self.cfg
-        samples, stats = build_samples(trajectories, cfg.advantage_scale, cfg.advantage_eps, cfg.advantage_ddof)
+        samples, stats = build_samples(trajectories, cfg.advantage_scale, cfg.advantage_eps, cfg.advantage_ddof,
+                                       objective=cfg.objective)
         if not samples:
             raise TrainError(f"no trainable samples in {stats.n_trajectories} trajectories "
                              f"({stats.n_infra_failed} infra-failed, {stats.n_no_completion} without a completion)")

@@ -1,0 +1,166 @@
+"""`conductor headroom`: can this pool be won at all (pool-bound), or did the router fail (router-bound)?
+
+Reads every worker's single-worker run (``fixed:i``, as ``conductor compare --strategies fixed:*`` writes them)
+from a lake, or runs them first through compare's machinery, and writes the headroom check
+(``conductor.stats.headroom``): headroom.json, headroom.md and headroom.png.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from conductor.cli import app, fail
+from conductor.run.config import DEFAULT_POOL
+
+_FIXED = re.compile(r"fixed:(\d+)")
+_LAKE_COLUMNS = ("question_id", "dataset", "domain", "question", "sample_index", "correct", "infra_failed",
+                 "cost_usd", "subpool")
+
+
+def _frame(lake: str, run_id: str) -> list[dict[str, Any]]:
+    from conductor.lake.reader import scan
+
+    return scan(lake, "trajectories", kind="answer", run_id=run_id).select(list(_LAKE_COLUMNS)).collect().to_dicts()
+
+
+def _key(row: dict[str, Any]) -> str:
+    """Questions are (dataset, question id): two datasets may reuse an id."""
+    return f"{row['dataset']}:{row['question_id']}"
+
+
+def single_worker_runs(labelled: list[tuple[str, str]]) -> tuple[list[tuple[int, str, str]], list[str]]:
+    """(worker ordinal, label, run id) of each ``fixed:i`` run, the first run of each ordinal; notes on the rest.
+
+    >>> single_worker_runs([("conductor", "r0"), ("fixed:1", "r1"), ("fixed:0", "r2"), ("fixed:0#2", "r3")])
+    ([(0, 'fixed:0', 'r2'), (1, 'fixed:1', 'r1')], ['ignored run r3 (fixed:0#2): fixed:0 already read from run r2'])
+    """
+    picked: dict[int, tuple[int, str, str]] = {}
+    notes = []
+    for label, run_id in labelled:
+        m = _FIXED.fullmatch(label.partition("#")[0])
+        if not m:
+            continue
+        i = int(m.group(1))
+        if i in picked:
+            notes.append(f"ignored run {run_id} ({label}): fixed:{i} already read from run {picked[i][2]}")
+            continue
+        picked[i] = (i, label, run_id)
+    return [picked[i] for i in sorted(picked)], notes
+
+
+def matrix_from_lake(lake: str, labelled: list[tuple[str, str]]):  # -> OutcomeMatrix
+    """The outcome matrix of the lake's single-worker runs; workers are named from the runs' pool order."""
+    from conductor.stats.headroom import OutcomeMatrix
+
+    runs, notes = single_worker_runs(labelled)
+    if len(runs) < 2:
+        found = ", ".join(label for label, _ in labelled) or "none"
+        raise ValueError(f"lake {lake}: needs single-worker runs (fixed:i) of at least two workers (runs: {found}); "
+                         "run `conductor compare QUESTIONS --strategies fixed:*` or give QUESTIONS here")
+    rows: list[dict[str, Any]] = []
+    names: set[str] = set()
+    for i, label, run_id in runs:
+        frame = _frame(lake, run_id)
+        if not frame:
+            raise ValueError(f"lake {lake}: run {run_id} ({label}) has no answer trajectories")
+        pool = frame[0].get("subpool") or []
+        name = str(pool[i]) if i < len(pool) else label
+        name = name if name not in names else f"{name} ({label})"
+        names.add(name)
+        rows += [{**r, "question_id": _key(r), "worker": name, "domain": r.get("domain") or r.get("dataset")}
+                 for r in frame]
+    matrix = OutcomeMatrix.from_rows(rows)
+    return OutcomeMatrix(matrix.question_ids, matrix.workers, matrix.correct, matrix.cost_usd, matrix.texts,
+                         matrix.domains, (*notes, *matrix.notes))
+
+
+def policy_from_lake(lake: str, labelled: list[tuple[str, str]], policy: str):  # -> PolicyOutcome
+    """The run named by ``policy`` (a label such as ``conductor``, or a run id) as a policy point."""
+    from conductor.stats.headroom import PolicyOutcome
+
+    run_id = next((r for label, r in labelled if policy in (label, r)), None)
+    if run_id is None:
+        raise ValueError(f"--policy {policy}: no such run in {lake} (runs: "
+                         f"{', '.join(f'{label}={r}' for label, r in labelled) or 'none'})")
+    first: dict[str, dict[str, Any]] = {}
+    for r in _frame(lake, run_id):
+        k = _key(r)
+        if k not in first or int(r.get("sample_index") or 0) < int(first[k].get("sample_index") or 0):
+            first[k] = r
+    scored = {k: r for k, r in first.items() if not r.get("infra_failed") and r.get("correct") is not None}
+    return PolicyOutcome(policy, {k: bool(r["correct"]) for k, r in scored.items()},
+                         {k: float(r.get("cost_usd") or 0.0) for k, r in scored.items()})
+
+
+@app.command("headroom")
+def headroom_cmd(
+    questions: str = typer.Argument(None, help="Question set to run every worker alone on (as for `conductor "
+                                    "answer`); leave out to read the single-worker runs from --lake."),
+    out: Path = typer.Option(..., "--out", help="Output directory: headroom.json, headroom.md, headroom.png "
+                             "(and runs/, lake/ when QUESTIONS is given)."),
+    pool: Path = typer.Option(DEFAULT_POOL, "--pool", help="Worker pool manifest (with QUESTIONS)."),
+    lake: str = typer.Option(None, "--lake", help="Lake holding the single-worker runs (fixed:i, as written by "
+                             "`conductor compare --strategies fixed:*`); default OUT/lake with QUESTIONS."),
+    runs: str = typer.Option(None, "--runs", help="Read mode: which runs, as LABEL=RUN_ID or RUN_ID, comma-separated "
+                             "(default: every answer run in --lake; the fixed:i ones are the workers)."),
+    policy: str = typer.Option(None, "--policy", help="A run in the lake to place between the best single worker "
+                               "and the cross-fit oracle: its label (e.g. conductor) or run id."),
+    limit: int = typer.Option(None, "--limit", min=1, help="Only the first N questions (with QUESTIONS)."),
+    shard_size: int = typer.Option(5, "--shard-size", min=1),
+    folds: int = typer.Option(5, "--folds", min=2, help="Cross-fit folds."),
+    n_boot: int = typer.Option(2000, "--n-boot", min=100, help="Bootstrap resamples over questions."),
+    seed: int = typer.Option(0, "--seed", help="Seeds the runs, the fold split and the bootstrap."),
+    margin: float = typer.Option(0.01, "--margin", min=0.0, max=1.0, help="Any-correct gains whose 95% CI lower "
+                                 "bound is at most this (accuracy, 0.01 = 1 point) are noise: pool-bound."),
+    alpha: float = typer.Option(0.05, "--alpha", min=0.0001, max=0.5, help="Significance level of the paired tests."),
+    cost_weight: float = typer.Option(0.0, "--cost-weight", min=0.0, help="The cross-fit router's objective: accuracy "
+                                      "minus this times dollars per question."),
+    cache: Path = typer.Option(None, "--cache", help="With QUESTIONS: one response cache for every worker (default: "
+                               "one per worker under OUT/runs/)."),
+    replay: bool = typer.Option(False, "--replay", help="Answer only from the cache; never call a provider."),
+) -> None:
+    """Run (or read) each worker alone and check the pool's headroom: per-worker accuracy and dollars, the
+    random-mix line, the cross-fit routing oracle and the any-correct oracle with 95% intervals and paired tests,
+    and a verdict: pool-bound (no router can win here) or router-bound (a router could)."""
+    from conductor.cli.compare_cmd import _plan, _read_runs, _run_all, expand
+    from conductor.data.datasets import DatasetError
+    from conductor.data.questionset import load_questions
+    from conductor.run.compare import CompareError
+    from conductor.stats.headroom import headroom_report
+    from conductor.workers.pool import PoolError, load_pool
+
+    try:
+        if questions is None:
+            if not lake:
+                fail("give QUESTIONS to run each worker alone, or --lake with their runs (fixed:i)")
+            if not Path(lake).exists() and "://" not in lake:
+                fail(f"{lake}: no lake to read runs from (give QUESTIONS to run the workers)")
+            labelled = _read_runs(lake, runs)
+        else:
+            if runs:
+                fail("--runs selects runs to read: leave out QUESTIONS, or leave out --runs to run the workers")
+            lake = lake or str(out / "lake")
+            if not load_questions(questions, limit):
+                fail(f"{questions}: no questions to run")
+            manifest = load_pool(pool)
+            plan = _plan(expand(["fixed:*"], len(manifest.workers)), "auto", manifest, 1)
+            ran, _ = _run_all(plan, questions, out, lake, pool, limit=limit, shard_size=shard_size, seed=seed,
+                              temperature=None, max_tokens=768, fewshot="auto", constrained=None,
+                              cache=str(cache) if cache else None, replay=replay)
+            ours = {run_id for _, run_id in ran}     # the lake's other runs stay reachable by --policy
+            labelled = ran + [(label, r) for label, r in _read_runs(lake, None) if r not in ours]
+        matrix = matrix_from_lake(lake, labelled)
+        pol = policy_from_lake(lake, labelled, policy) if policy else None
+        report = headroom_report(matrix, policy=pol, folds=folds, n_boot=n_boot, seed=seed, margin=margin,
+                                 alpha=alpha, cost_weight=cost_weight)
+    except (CompareError, DatasetError, PoolError, ValueError, OSError) as e:
+        fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    paths = report.write(out)
+    for line in report.evidence[:-1]:
+        typer.echo(line)
+    typer.echo(f"\nreport: {paths['markdown']}\njson:   {paths['json']}\nplot:   {paths['plot']}\nlake:   {lake}")
+    typer.echo(report.verdict_line)
