@@ -212,8 +212,10 @@ def select_fewshot(policy: str = "ood", domain: str | None = None, k: int = 4) -
     >>> len(select_fewshot("ood:1"))
     1
     """
-    policy, _, count = policy.partition(":")
-    if count:
+    policy, sep, count = policy.partition(":")
+    if sep:
+        if not count.isdigit():   # ood:-1 would silently mean "all but the last"
+            raise ValueError(f"few-shot policy {policy}:{count}: k must be a whole number >= 0")
         k = int(count)
     if policy not in FEWSHOT_POLICIES:
         raise ValueError(f"few-shot policy {policy!r}: use {', '.join(FEWSHOT_POLICIES)} (optionally :k)")

@@ -13,7 +13,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Kind = Literal["rollout", "eval", "answer"]
+Kind = Literal["rollout", "eval", "answer", "served"]
 ParseStatus = Literal["ok", "parse_error", "invalid", "not_run"]
 
 

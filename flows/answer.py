@@ -31,7 +31,7 @@ def answer_flow(config: AnswerConfig) -> dict[str, Any]:
     from conductor.run.preflight import prepare_answer
     from conductor.run.progress import RunProgress
     from conductor.run.runtime import serving
-    from conductor.workers.secrets import redact_prefect_logs
+    from conductor.workers.secrets import mask_url, redact_prefect_logs
 
     redact_prefect_logs()
     log = get_run_logger()
@@ -41,7 +41,7 @@ def answer_flow(config: AnswerConfig) -> dict[str, Any]:
     plan = pending_shards(qs, probe, lake, cfg.shard_size, cfg.retry_failed)
     todo = plan.todo
     log.info("run %s: %d questions, %d to answer in %d shards, pool %s, conductor %s", cfg.run_id, len(qs),
-             len(qs) - plan.done_questions, len(todo), inp.pool.id, cfg.conductor)
+             len(qs) - plan.done_questions, len(todo), inp.pool.id, mask_url(cfg.conductor))
     if plan.done_questions:
         log.info("resuming: %d of %d questions already in the lake", plan.done_questions, len(qs))
     if plan.retried_questions:

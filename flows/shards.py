@@ -66,7 +66,8 @@ def pending_shards(questions: Sequence[Any], spec: RunSpec, lake: str, shard_siz
     finished = state.done if retry_failed else state.done | state.failed
     todo = [q for q in questions if not all(t in finished for t in ids[q.id])]
     retried = sum(1 for q in todo if any(t in state.failed for t in ids[q.id]))
-    shards = content_sharded(todo, shard_size, key=lambda q: "\x1f".join(ids[q.id]))
+    # a retried question's shard is named by its attempt too: the failed attempts stay in the lake as history
+    shards = content_sharded(todo, shard_size, key=lambda q: "\x1f".join(ids[q.id]) + state.attempt_key(ids[q.id]))
     return ShardPlan(todo=shards, done_questions=len(questions) - len(todo), retried_questions=retried,
                      damaged=state.damaged, current_ids=[t for q in questions for t in ids[q.id]])
 

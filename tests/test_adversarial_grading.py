@@ -40,10 +40,10 @@ def _under_cpu_budget(snippet: str) -> str:
 
 
 @pytest.mark.parametrize("name,build,call,want", [
-    ("100,000 <answer> tags", "'<answer>' * 100_000 + '<answer>42</answer>'", "extract(t)", "42"),
-    ("10,000 nested boxes", "'\\\\boxed{' * 10_000 + '7' + '}' * 10_000", "boxed(t)", "7"),
-    ("160 KB of blanks inside the final line", "'Final answer: 12' + ' ' * 160_000 + 'x'", "extract(t)", "12"),
-    ("150,000 code fences without a newline", "'```' * 150_000", "code_block(t)", "```" * 3),
+    ("100,000 <answer> tags", "'<answer>' * 100_000 + '<answer>42</answer>'", "extract(t)", "'42'"),
+    ("10,000 nested boxes", "'\\\\boxed{' * 10_000 + '7' + '}' * 10_000", "boxed(t)", "'7'"),
+    ("160 KB of blanks inside the final line", "'Final answer: 12' + ' ' * 160_000 + 'x'", "extract(t)", "'12'"),   # not 160 KB
+    ("150,000 code fences without a newline", "'```' * 150_000", "code_block(t)", "200000 chars: '`````````'"),
     ("'The answer' then 100,000 blanks", "'The answer' + ' ' * 100_000 + '?'", "choice_letter(t, 4)", "None"),
 ])
 def test_degenerate_replies_are_extracted_in_linear_time(name, build, call, want):
@@ -51,7 +51,7 @@ def test_degenerate_replies_are_extracted_in_linear_time(name, build, call, want
         from conductor.grading.extract import boxed, choice_letter, code_block, extract
         t = {build}
         r = {call}
-        print(r if r is None or len(r) < 20 else r[:9])
+        print(repr(r) if r is None or len(r) < 20 else str(len(r)) + " chars: " + repr(r[:9]))
     """)
     assert out == want, name
 

@@ -134,6 +134,7 @@ workers:
     monkeypatch.setenv("CONDUCTOR_ADV_RETRY_KEY", "emu-key-0123456789")
     s2 = answer(q, out, pool=str(pool), shard_size=2)
     assert s2["infra_failed_questions"] == 0 and s2["infra_failures"] == 0 and s2["trajectories"] == 4
+    assert s2["superseded"] == 4      # the failed attempts stay in the lake as history, not overwritten (#39)
     assert all(not a["infra_failed"] and a["final_answer"] for a in answers(out))
     assert len(answers(out)) == 4
     s3 = answer(q, out, pool=str(pool), shard_size=2)    # answered now: a third run calls nothing

@@ -44,6 +44,7 @@ def test_eval_compare_then_promotion_and_rollback_from_the_command_line(tmp_path
     env = {"CONDUCTOR_REGISTRY": str(tmp_path / "reg")}
     for name in ("c0", "c1", "c2"):
         (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")   # a checkpoint holds a model (issue #39)
         assert cli("registry", "register", str(tmp_path / name), env=env).returncode == 0
     assert cli("registry", "promote", "c0", env=env).stdout.startswith("promoted c0")
     r = cli("eval-compare", "--lake", lake, "--candidate-run", "ev-cand", "--champion-run", "ev-champ",

@@ -21,6 +21,21 @@ app = typer.Typer(
 )
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is (like Ctrl-C) so it stops its work and prints one ``error:`` line."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def interrupted(e: BaseException) -> typer.Exit:
+    """Ctrl-C (exit 130) or SIGTERM (exit 143) as one ``error:`` line."""
+    if isinstance(e, Terminated):
+        return fail("terminated (SIGTERM); rerun the same command to resume", 143)
+    return fail("interrupted; rerun the same command to resume", 130)
+
+
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print one line starting 'error:' to stderr and exit non-zero."""
     typer.echo(f"error: {message}", err=True)
@@ -41,6 +56,7 @@ from conductor.cli import parse_cmd as _parse_cmd  # noqa: E402,F401
 from conductor.cli import pool_cmd as _pool_cmd  # noqa: E402,F401
 from conductor.cli import prompt_cmd as _prompt_cmd  # noqa: E402,F401
 from conductor.cli import query_cmd as _query_cmd  # noqa: E402,F401
+from conductor.cli import serve_cmd as _serve_cmd  # noqa: E402,F401
 from conductor.cli import train_cmd as _train_cmd  # noqa: E402,F401
 
 
@@ -49,13 +65,19 @@ def main() -> None:
     # temporary server needs longer than the default 20 s to come up. No analytics leave the machine.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    import signal
+
     from typer.exceptions import TyperException
 
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:   # usage mistakes (a missing argument, --shard-size 0, a typo'd option) are one line too, exit 2
         code = app(prog_name="conductor", standalone_mode=False)
     except typer.Abort:
         typer.echo("error: aborted", err=True)
         code = 130
+    except Terminated:
+        typer.echo("error: terminated (SIGTERM)", err=True)
+        code = 143
     except TyperException as e:   # typer's own click: UsageError, BadParameter, NoArgsIsHelpError, ...
         if type(e).__name__ == "NoArgsIsHelpError":
             e.show()  # type: ignore[attr-defined]

@@ -19,7 +19,7 @@ def answer_cmd(
     questions: str = typer.Argument(None, show_default=False, help="A JSONL/CSV/Parquet file (local or s3://) with id, question and optional "
                                     "answer; or dataset names with optional limits, e.g. gsm8k_test:10,mmlu_stem:10 "
                                     "(or `questions:` in --config)."),
-    out: Path = typer.Option(None, "--out", show_default=False, help="Output directory: lake/, answers.jsonl, summary.json, report/ "
+    out: str = typer.Option(None, "--out", show_default=False, help="Output directory: lake/, answers.jsonl, summary.json, report/ "
                              "(or `out:` in --config)."),
     pool: Path = typer.Option(default(A, "pool"), "--pool", help="Worker pool manifest (default: the embedded local pool)."),
     conductor: str = typer.Option(default(A, "conductor"), "--conductor", help="Conductor policy: auto (the champion if one was promoted, else embedded), embedded, transformers:DIR[#FILE.gguf], "
@@ -57,12 +57,14 @@ def answer_cmd(
     compact: bool = typer.Option(default(A, "compact"), "--compact", help="Merge the run's shard files into a few large ones at the "
                                  "end (conductor lake compact)."),
     config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
+    replace: bool = typer.Option(False, "--replace", help="Answer into an --out that holds another question "
+                                 "set's answers, replacing its answers.jsonl, summary.json and report/."),
 ) -> None:
     """Answer a question set with the conductor over a worker pool; resumable; prints a summary.
 
     Exit codes: 0 every question answered, 2 bad input (nothing started), 3 every question failed on
     infrastructure, 4 some did (a rerun retries exactly those), 1 anything else."""
-    from conductor.run.preflight import UsageError, prepare_answer
+    from conductor.run.preflight import UsageError, claim_out, prepare_answer
 
     cfg = build_config(AnswerConfig, ctx, config, {
         "questions": questions, "out": out, "pool": pool, "conductor": conductor, "samples": samples,
@@ -72,15 +74,23 @@ def answer_cmd(
         "retry_failed": retry_failed, "batch": batch, "batch_poll": batch_poll, "limits": limits, "compact": compact},
         fields={"batch_poll": "batch_poll_s"})
     try:  # every check before Prefect starts: bad input is one `error:` line (exit 2), not a traceback
-        prepare_answer(cfg)
+        prepared = prepare_answer(cfg)
     except UsageError as e:
         fail(str(e))
     try:
         from conductor.execution.shared_limits import open_shared
 
+        if (cfg.limits or "").startswith("sqlite:"):   # never a tree of directories made under a mistyped path
+            parent = Path(cfg.limits.partition(":")[2]).expanduser().parent
+            if not parent.is_dir():
+                fail(f"--limits {cfg.limits}: directory {parent} does not exist")
         open_shared(cfg.limits)
     except ValueError as e:
         fail(f"--limits: {e}")
+    try:
+        lock = claim_out(prepared.out, cfg.questions, replace)  # noqa: F841 - held until the command ends
+    except (UsageError, OSError) as e:
+        fail(str(e))
     from conductor.cli.boundary import flow_errors
     from conductor.run.summary import format_summary, run_outcome
     from flows.answer import answer_flow

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import typer
 
-from conductor.cli import fail
+from conductor.cli import fail, interrupted
 
 
 class _OneLineConsole(logging.Filter):
@@ -53,8 +53,8 @@ def flow_errors() -> Iterator[None]:
         yield
     except typer.Exit:
         raise
-    except KeyboardInterrupt:
-        fail("interrupted; rerun the same command to resume", 130)
+    except KeyboardInterrupt as e:   # Ctrl-C: 130; SIGTERM: 143; one line either way
+        interrupted(e)
     except Exception as e:  # noqa: BLE001 - the boundary: one line, never a traceback
         if debug:
             raise

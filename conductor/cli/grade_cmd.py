@@ -8,18 +8,21 @@ the line; it never stops the run, and output order follows input order.
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
 import typer
 
-from conductor.cli import app, fail
+from conductor.cli import app, fail, interrupted
 
+MAX_TIMEOUT_S = 3600.0   # a bounded wait: one sandboxed run never blocks the command longer
+_LINE_SEPARATORS = {c: f"\\u{c:04x}" for c in (0x0B, 0x0C, 0x1C, 0x1D, 0x1E, 0x85, 0x2028, 0x2029)}
 _KIND_DOMAIN = {"math": "math", "numeric": "math", "mcq": "mcq", "code": "code", "exact": "free"}
 
 
 def _verdict(correct: bool, extracted: str | None, error: str | None) -> str:
-    return json.dumps({"correct": correct, "extracted": extracted, "error": error}, ensure_ascii=False)
+    text = json.dumps({"correct": correct, "extracted": extracted, "error": error}, ensure_ascii=False)
+    # one verdict is one line for every reader: the separators str.splitlines() splits on stay escaped
+    return text.translate(_LINE_SEPARATORS)
 
 
 def grade_line(line: str, lineno: int, where: str, code_grader: Any = None) -> str:
@@ -69,21 +72,25 @@ def grade_cmd(
 
     if workers < 0:
         fail(f"--workers must be 0 (one per core) or more, got {workers}")
-    if not math.isfinite(timeout) or timeout <= 0:
-        fail(f"--timeout must be a finite number of seconds > 0, got {timeout}")
-    code_grader = CodeGrader(limits=Limits(wall_s=timeout))
+    if not math.isfinite(timeout) or not 0 < timeout <= MAX_TIMEOUT_S:
+        fail(f"--timeout must be a number of seconds > 0 and <= {MAX_TIMEOUT_S:.0f}, got {timeout}")
+    from conductor.data.datasets import DatasetError, iter_lines
+    from conductor.grading.sandbox import kill_running
 
-    if file == "-":
-        lines, where = sys.stdin.read().splitlines(), "<stdin>"
-    else:
-        try:
-            with open(file, encoding="utf-8") as fh:
-                lines, where = fh.read().splitlines(), file
-        except OSError as exc:
-            fail(f"{file}: {exc.strerror or exc}")
-        except UnicodeDecodeError as exc:
-            fail(f"{file}: not UTF-8 text ({exc.reason})")
-    numbered = [(i, ln) for i, ln in enumerate(lines, 1) if ln.strip()]
-    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as ex:
+    code_grader = CodeGrader(limits=Limits(wall_s=timeout))
+    where = "<stdin>" if file == "-" else file
+    if file != "-" and not os.path.exists(file):
+        fail(f"{file}: No such file or directory")
+    try:   # split on \n only (U+2028 inside a JSON string is not a line end), streamed with the input caps
+        numbered = [(i, ln) for i, ln in iter_lines(file) if ln.strip()]
+    except DatasetError as exc:
+        fail(str(exc))
+    ex = ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1)
+    try:
         for out in ex.map(lambda p: grade_line(p[1], p[0], where, code_grader), numbered):
             typer.echo(out)
+    except KeyboardInterrupt as e:   # Ctrl-C (or SIGTERM): stop now, killing the sandboxed programs in flight
+        ex.shutdown(wait=False, cancel_futures=True)
+        kill_running()
+        interrupted(e)
+    ex.shutdown(wait=True)

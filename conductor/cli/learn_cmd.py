@@ -32,6 +32,52 @@ def _check(pool: Path, conductors: dict[str, str] | None = None, run_id: str | N
         fail(str(e))
 
 
+def _check_nightly(cfg: NightlyConfig) -> None:
+    """What a night would otherwise find after Prefect started and the model loaded: one line, exit 2."""
+    import re
+
+    from conductor.learning.grpo.config import GRPOConfig, GRPOConfigError
+
+    if cfg.grpo:
+        try:
+            GRPOConfig.from_dict(cfg.grpo, "--grpo")   # a typo ('learnig_rate') or a wrong type, now
+        except GRPOConfigError as e:
+            fail(str(e))
+    if cfg.backend not in ("transformers", "vllm"):
+        fail(f"--backend must be transformers or vllm, not {cfg.backend!r}")
+    if cfg.night is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", cfg.night):
+        fail(f"--night {cfg.night!r}: a plain name (letters, digits, '.', '_', '-'), never a path")
+    base = cfg.base
+    local = base.startswith(("/", ".", "~")) or base.count("/") != 1 or Path(base).exists()
+    if local and not Path(base).expanduser().exists():
+        fail(f"--base {base}: no such checkpoint directory (give a directory or a Hugging Face id ORG/NAME)")
+
+
+def check_dask(address: str) -> None:
+    """``local:N`` or ``[tcp://]HOST:PORT`` that resolves and accepts a connection within a few seconds."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import TimeoutError as FutureTimeout
+
+    if address.startswith("local:"):
+        n = address.split(":", 1)[1]
+        if not n.isdigit() or int(n) < 1:
+            fail(f"--dask {address!r}: local:N needs a number of workers >= 1")
+        return
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        fail(f"--dask {address!r}: expected local:N or a scheduler address tcp://HOST:PORT")
+    ex = ThreadPoolExecutor(max_workers=1)
+    try:
+        ex.submit(socket.create_connection, (host.strip("[]"), int(port)), 3).result(timeout=5).close()
+    except FutureTimeout:
+        fail(f"--dask {address}: no answer from {host}:{port} within 5 s")
+    except OSError as e:
+        fail(f"--dask {address}: cannot reach the scheduler ({e.strerror or e})")
+    finally:
+        ex.shutdown(wait=False)
+
+
 @app.command("rollout")
 def rollout_cmd(
     ctx: typer.Context,
@@ -62,6 +108,8 @@ def rollout_cmd(
         "limit": limit, "shard_size": shard_size})
     _check(Path(cfg.pool), {"--conductor": cfg.conductor}, cfg.run_id, cfg.k, cfg.questions, cfg.limit)
     fn = rollout_flow
+    if dask:
+        check_dask(dask)
     if dask:
         fn = on_dask(rollout_flow, n_workers=int(dask.split(":", 1)[1])) if dask.startswith("local:") else on_dask(rollout_flow, dask)
     with flow_errors():
@@ -138,6 +186,7 @@ def nightly_cmd(
         "eval_limit": eval_limit, "max_tokens": max_tokens, "grpo": overrides, "force": force, "max_calls": max_calls,
         "max_dollars": max_dollars, "max_hours": max_hours, "backend": backend, "lake": lake})
     _check(Path(cfg.pool))
+    _check_nightly(cfg)
     try:
         check_disjoint(load_questions(cfg.train_questions), load_questions(cfg.eval_questions))
     except (DatasetError, ValueError, OSError) as e:

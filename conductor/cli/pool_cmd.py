@@ -33,7 +33,13 @@ def validate(files: list[Path] = typer.Argument(..., help="One or more pool mani
 @pool_app.command("show")
 def show(file: Path = typer.Argument(..., help="Pool manifest (YAML).")) -> None:
     """Print the validated manifest as JSON (defaults filled in; key variables by name only)."""
-    typer.echo(json.dumps(_load(file).model_dump(mode="json"), indent=2))
+    from conductor.workers.secrets import mask_url
+
+    data = _load(file).model_dump(mode="json")
+    for w in data["workers"]:   # a key in the URL (user:KEY@host, ?api-key=${KEY}) is never printed
+        if w.get("base_url"):
+            w["base_url"] = mask_url(w["base_url"])
+    typer.echo(json.dumps(data, indent=2))
 
 
 @pool_app.command("sample")

@@ -25,6 +25,9 @@ def prompt_cmd(
     from conductor.prompts import conductor_prompt
     from conductor.workers.pool import PoolError, load_pool
 
+    if not question.strip():
+        fail("QUESTION: empty; give the question text")
+
     try:
         p = load_pool(pool)
         sub = p.sample(k, seed) if k else p.full()

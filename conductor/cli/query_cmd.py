@@ -1,7 +1,8 @@
 """`conductor query`, `conductor report` and `conductor lake ...`: the lake from the command line.
 
 The lake is a local directory or an s3:// URL (credentials and endpoint from the
-AWS_* environment); ``--lake`` falls back to $CONDUCTOR_LAKE.
+AWS_* environment); ``--lake`` falls back to $CONDUCTOR_LAKE. ``conductor query`` is a lake-only, read-only
+session (conductor/lake/queries.py ``sql``; docs/operations.md) unless ``--allow-files``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ app.add_typer(lake_app, name="lake")
 
 _LAKE = typer.Option(..., "--lake", envvar="CONDUCTOR_LAKE", help="Lake root: a directory or s3://bucket/prefix.")
 _FORMATS = ("table", "csv", "json")
+_KINDS = ("rollout", "eval", "answer")
 
 
 def _open(lake: str):
@@ -69,20 +71,26 @@ def _print(df, fmt: str) -> None:
 def query(sql: str = typer.Argument(..., help="SQL over the views `trajectories` and `calls`."),
           lake: str = _LAKE,
           format: str = typer.Option("table", "--format", "-f", help="table, csv or json."),
-          engine: str = typer.Option("duckdb", "--engine", help="duckdb (full SQL) or polars (SQLContext).")) -> None:
-    """Ad-hoc SQL over the lake; corrupt files are skipped with a warning naming them."""
+          engine: str = typer.Option("duckdb", "--engine", help="duckdb (full SQL) or polars (SQLContext)."),
+          allow_files: bool = typer.Option(False, "--allow-files", help="The full DuckDB session: files outside "
+                                           "the lake, COPY, ATTACH, extensions (default: lake-only and read-only).")) -> None:
+    """Ad-hoc read-only SQL over the lake (one SELECT/WITH/DESCRIBE/SHOW/EXPLAIN; no file outside the lake);
+    corrupt files are skipped with a warning naming them."""
     if format not in _FORMATS:
         fail(f"--format must be one of {', '.join(_FORMATS)}, not {format!r}")
     if engine not in ("duckdb", "polars"):
         fail(f"--engine must be duckdb or polars, not {engine!r}")
+    from conductor.lake.queries import QueryRefused
     from conductor.lake.queries import sql as run_sql
     from conductor.lake.schema import LakeSchemaError
 
+    if not sql.strip():
+        fail("query: empty SQL")
     lk = _open(lake)
     try:
-        df = run_sql(lk, sql, engine=engine)
-    except LakeSchemaError as e:
-        fail(str(e))
+        df = run_sql(lk, sql, engine=engine, allow_files=allow_files)
+    except (LakeSchemaError, QueryRefused) as e:
+        fail(f"query refused: {e}" if isinstance(e, QueryRefused) else str(e))
     except Exception as e:  # noqa: BLE001 - SQL errors from duckdb/polars become one line
         fail(f"query failed: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
     _print(df, format)
@@ -100,6 +108,8 @@ def report(lake: str = _LAKE,
     from conductor.lake.schema import LakeSchemaError
     from conductor.run.preflight import UsageError, check_writable_dir
 
+    if kind is not None and kind not in _KINDS:
+        fail(f"--kind must be one of {', '.join(_KINDS)}, not {kind!r}")
     try:
         check_writable_dir(Path(out), "--out")
     except UsageError as e:

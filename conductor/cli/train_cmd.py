@@ -166,8 +166,13 @@ def registry_show(
     history: int = typer.Option(10, "--history", min=0, help="How many recent history events to print."),
 ) -> None:
     """Aliases, checkpoints and recent history."""
+    from conductor.learning.registry import RegistryError
+
     reg = _registry(registry)
-    state = reg.show()
+    try:
+        state = reg.show()
+    except RegistryError as e:   # a corrupt registry.json: one line
+        fail(str(e))
     if as_json:
         typer.echo(json.dumps(state, indent=2, default=str))
         return
@@ -187,9 +192,10 @@ def registry_register(
     registry: str = typer.Option(None, "--registry", help=REGISTRY_HELP),
 ) -> None:
     """Add a checkpoint to the registry."""
-    from conductor.learning.registry import RegistryError
+    from conductor.learning.registry import RegistryError, check_checkpoint_dir
 
     try:
+        check_checkpoint_dir(uri)   # a missing path, an empty directory or /etc is not a checkpoint
         e = _registry(registry, create=True).register(uri, checkpoint_id=checkpoint_id)
     except RegistryError as err:
         fail(str(err))
@@ -213,8 +219,11 @@ def registry_promote(
 
     if test not in ("bootstrap", "mcnemar", "both"):
         fail(f"--test: must be bootstrap, mcnemar or both, not {test!r}")
+    from conductor.learning.registry import check_checkpoint_dir
+
     reg = _registry(registry)
     try:
+        check_checkpoint_dir(reg.get(checkpoint_id).uri)   # its files are still there
         if force:
             reg.promote(checkpoint_id, reason)
             typer.echo(f"promoted {checkpoint_id}: {reason}")

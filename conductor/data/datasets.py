@@ -13,6 +13,7 @@ import gzip
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -94,34 +95,143 @@ def read_from_wheel(wheel: Path, member: str) -> bytes:
 # --------------------------------------------------------------------------- raw rows
 
 
+# Input limits (docs/operations.md): a question file is streamed, never read whole; a line longer than
+# MAX_LINE_BYTES or a file larger than MAX_INPUT_BYTES is refused with one line naming it.
+MAX_LINE_BYTES = 16 * 2**20
+MAX_INPUT_BYTES = 2 * 2**30
+STDIN = "-"
+_stdin_cache: tuple[Any, bytes] | None = None   # stdin is read once (the flow checks its inputs again)
+
+
 def _open(path: str | os.PathLike[str], mode: str = "rb") -> Any:
     import fsspec
 
     return fsspec.open(str(path), mode, compression="infer")
 
 
-def iter_jsonl(path: str | os.PathLike[str], text: str | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, object) for each non-blank line; a bad line raises naming file:line."""
+def _stdin_data() -> bytes:
+    global _stdin_cache
+    if _stdin_cache is None or _stdin_cache[0] is not sys.stdin:
+        data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+        if len(data) > MAX_INPUT_BYTES:
+            raise DatasetError(f"<stdin>: larger than the input limit of {MAX_INPUT_BYTES} bytes")
+        _stdin_cache = (sys.stdin, data)
+    return _stdin_cache[1]
+
+
+def check_input_file(path: str | os.PathLike[str]) -> None:
+    """A local input is a regular file (not a directory, device, FIFO or socket: ``/dev/zero`` never ends)."""
+    import stat
+
+    text = str(path)
+    if text == STDIN or ("://" in text and not text.startswith("file://")):
+        return
+    local = text.removeprefix("file://")
     try:
-        if text is None:
-            with _open(path, "rt") as fh:
-                text = fh.read()
+        st = os.stat(local)
     except FileNotFoundError:
         raise DatasetError(f"{path}: no such file") from None
-    for lineno, line in enumerate(text.splitlines(), 1):
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot read ({e.strerror or e})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise DatasetError(f"{path}: is a directory, expected a question file")
+    if not stat.S_ISREG(st.st_mode):
+        raise DatasetError(f"{path}: not a regular file (a device, FIFO or socket); give a file or - for stdin")
+    if st.st_size > MAX_INPUT_BYTES and not local.endswith((".gz", ".bz2", ".xz", ".zst")):
+        raise DatasetError(f"{path}: {st.st_size} bytes, over the input limit of {MAX_INPUT_BYTES} bytes")
+
+
+def iter_lines(path: str | os.PathLike[str], data: bytes | None = None) -> Iterator[tuple[int, str]]:
+    """(line number, text) of a UTF-8 file, split on ``\\n`` only (U+2028 and U+0085 are characters inside
+    JSON strings, not line ends), streamed with the line and size caps; a leading BOM is dropped."""
+    if data is None and str(path) == STDIN:
+        data = _stdin_data()
+    if data is None:
+        check_input_file(path)
+    total = 0
+    try:
+        with (io.BytesIO(data) if data is not None else _open(path, "rb")) as fh:
+            lineno = 0
+            while True:
+                raw = fh.readline(MAX_LINE_BYTES + 1)
+                if not raw:
+                    return
+                lineno += 1
+                total += len(raw)
+                if len(raw) > MAX_LINE_BYTES:
+                    raise DatasetError(f"{path}:{lineno}: line longer than the limit of {MAX_LINE_BYTES} bytes "
+                                       "(not a line-based file?)")
+                if total > MAX_INPUT_BYTES:
+                    raise DatasetError(f"{path}: larger than the input limit of {MAX_INPUT_BYTES} bytes")
+                if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                    raw = raw[3:]
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise DatasetError(f"{path}:{lineno}: not UTF-8 text (byte {e.start + 1}; a binary file?)") from None
+                yield lineno, line.rstrip("\r\n") if line.endswith("\n") else line
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise DatasetError(f"{path}: is a directory, expected a question file") from None
+    except (EOFError, gzip.BadGzipFile, zipfile.BadZipFile, OSError) as e:
+        if isinstance(e, DatasetError):
+            raise
+        raise DatasetError(f"{path}: cannot read ({e.strerror if isinstance(e, OSError) and e.strerror else e})") from None
+
+
+def iter_jsonl(path: str | os.PathLike[str], text: str | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line; a bad line raises naming file:line."""
+    for lineno, line in iter_lines(path, None if text is None else text.encode()):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = json.loads(line, parse_constant=_no_constant)
         except json.JSONDecodeError as exc:
             raise DatasetError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
+        except ValueError as exc:
+            raise DatasetError(f"{path}:{lineno}: {exc}") from None
         if not isinstance(obj, dict):
             raise DatasetError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
         yield lineno, obj
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON (a number must be finite)")
+
+
+def _csv_rows(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Strict CSV: an unterminated quote or a row with more or fewer fields than the header is an error
+    naming the line, never a silently lost answer."""
+    import csv
+
+    lines = iter_lines(path)
+    numbers = [0]   # the last line fed to the reader (a quoted field may span lines)
+
+    def feed() -> Iterator[str]:
+        for lineno, line in lines:
+            numbers[-1] = lineno
+            yield line + "\n"
+
+    reader = csv.reader(feed(), strict=True)
+    try:
+        header = next(reader, None)
+        if header is None:
+            return
+        for row in reader:
+            if not row:
+                continue
+            if len(row) != len(header):
+                raise DatasetError(f"{path}:{numbers[-1]}: {len(row)} fields, the header has {len(header)} "
+                                   "(an unterminated quote or a stray comma?)")
+            yield numbers[-1], dict(zip(header, row))
+    except csv.Error as exc:
+        raise DatasetError(f"{path}:{numbers[-1] or 1}: bad CSV: {exc}") from None
+
+
 def iter_rows(path: str | os.PathLike[str], fmt: str | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Rows of a JSONL, CSV or Parquet file (local or any fsspec URL) with a line/row number."""
+    """Rows of a JSONL, CSV or Parquet file (local or any fsspec URL, or ``-`` for JSONL on stdin) with a
+    line/row number."""
     name = str(path).lower()
     for suffix in (".gz", ".bz2", ".xz", ".zst"):
         name = name.removesuffix(suffix)
@@ -129,20 +239,11 @@ def iter_rows(path: str | os.PathLike[str], fmt: str | None = None) -> Iterator[
     if fmt == "jsonl":
         yield from iter_jsonl(path)
     elif fmt == "csv":
-        import csv
-
-        try:
-            with _open(path, "rt") as fh:
-                reader = csv.DictReader(fh)
-                for row in reader:
-                    yield reader.line_num, dict(row)
-        except FileNotFoundError:
-            raise DatasetError(f"{path}: no such file") from None
-        except csv.Error as exc:
-            raise DatasetError(f"{path}: bad CSV: {exc}") from None
+        yield from _csv_rows(path)
     elif fmt == "parquet":
         import pyarrow.parquet as pq
 
+        check_input_file(path)
         try:
             with _open(path, "rb") as fh:
                 table = pq.read_table(io.BytesIO(fh.read()))
@@ -323,15 +424,20 @@ def load_mmlu(*, wheel: Path | None = None, limit: int | None = None) -> list[Qu
 @dataclass(frozen=True)
 class ColumnMap:
     """Which columns of a user file hold what. Defaults fit a plain JSONL with
-    ``id``, ``question`` and an optional ``answer``."""
+    ``id``, ``question`` and an optional ``answer``; ``choices``, ``tests``, ``entry_point`` and ``domain``
+    (or ``kind``, as ``conductor grade`` spells it) are read by default too, never silently dropped."""
 
     id: str | None = "id"
     question: str = "question"
     answer: str | None = "answer"
-    choices: str | None = None
-    tests: str | None = None
-    entry_point: str | None = None
-    domain: str | None = None        # column holding a per-row domain
+    choices: str | None = "choices"
+    tests: str | None = "tests"
+    entry_point: str | None = "entry_point"
+    domain: str | None = "domain"        # column holding a per-row domain ("kind" when the file has no "domain")
+
+
+_KIND_DOMAINS = {"math": "math", "numeric": "math", "mcq": "mcq", "code": "code", "exact": "free", "free": "free"}
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 _QUESTION_ALIASES = ("question", "problem", "prompt", "input")
@@ -345,7 +451,7 @@ def load_file(path: str | os.PathLike[str], *, dataset: str | None = None, domai
     A row's id is the user's own (``id`` column); rows without one get ``<dataset>/<split or all>/<row index>``. ``choices`` may be a list
     or a JSON string; ``tests`` may be code (function-style) or a list of ``{"input","output"}``."""
     cols = columns if isinstance(columns, ColumnMap) else ColumnMap(**(columns or {}))
-    base = str(path).rstrip("/").rsplit("/", 1)[-1]
+    base = "stdin" if str(path) == STDIN else str(path).rstrip("/").rsplit("/", 1)[-1]
     dataset = dataset or base.split(".", 1)[0]
 
     def gen() -> Iterator[Question]:
@@ -362,24 +468,46 @@ def load_file(path: str | os.PathLike[str], *, dataset: str | None = None, domai
                 if col and isinstance(row.get(col), (list, dict, tuple)):
                     raise DatasetError(f"{where}: field {col!r} must be text or a number, "
                                        f"not a {type(row[col]).__name__}")
+            for col in (qcol, cols.id, cols.answer, cols.choices, cols.tests, cols.entry_point):
+                value = row.get(col) if col else None
+                try:   # JSON's "\ud800" escape: a lone surrogate no provider, file or cache can hold
+                    json.dumps(value, ensure_ascii=False).encode("utf-8")
+                except UnicodeEncodeError:
+                    raise DatasetError(f"{where}: field {col!r} holds a lone surrogate (not valid Unicode text)") from None
             qid_raw = row.get(cols.id) if cols.id else None
             # the user's own id when the file has one (answers go back under it), else a stable positional id
             qid = str(qid_raw) if qid_raw not in (None, "") else f"{dataset}/{split or 'all'}/{i}"
             if qid in seen:
                 raise DatasetError(f"{where}: duplicate id {qid!r}")
             seen.add(qid)
-            dom = str(row.get(cols.domain) or domain) if cols.domain else domain
+            dom = _row_domain(row, cols, domain, where)
             gold = row.get(cols.answer) if cols.answer else None
             tests = row.get(cols.tests) if cols.tests else None
+            if tests is None and cols.tests == "tests":
+                tests = row.get("test")   # HumanEval's own spelling
+            if tests in ("", []):
+                tests = None
             if isinstance(tests, str) and tests.lstrip().startswith("["):
                 try:
                     tests = json.loads(tests)
                 except json.JSONDecodeError:
                     raise DatasetError(f"{where}: field {cols.tests!r} is not valid JSON") from None
             entry = row.get(cols.entry_point) if cols.entry_point else None
+            if tests is not None:
+                if dom not in ("code", "free") or (dom == "free" and cols.domain and row.get(cols.domain)):
+                    raise DatasetError(f"{where}: field {cols.tests!r} is given but the domain is {dom!r}, not 'code'")
+                dom = "code"
+                _check_tests(tests, entry, cols, where)
+            elif dom == "code":
+                raise DatasetError(f"{where}: domain 'code' needs field {cols.tests!r}")
+            elif entry not in (None, ""):
+                raise DatasetError(f"{where}: field {cols.entry_point!r} is given without {cols.tests!r}")
             meta: dict[str, Any] = {"row": i}
             try:
-                if cols.choices:
+                if cols.choices and row.get(cols.choices) not in (None, ""):
+                    if dom not in ("mcq", "free") or (dom == "free" and cols.domain and row.get(cols.domain)):
+                        raise DatasetError(f"{where}: field {cols.choices!r} is given but the domain is {dom!r}, "
+                                           "not 'mcq'")
                     choices = row.get(cols.choices)
                     if isinstance(choices, str):
                         choices = json.loads(choices)
@@ -391,6 +519,8 @@ def load_file(path: str | os.PathLike[str], *, dataset: str | None = None, domai
                                    prompt=mcq_prompt(str(text), choices, instruction), gold=letter,
                                    source=str(path), split=split, metadata={**meta, "grader": "mcq", "choices": choices})
                     continue
+                if dom == "mcq":
+                    raise DatasetError(f"{where}: domain 'mcq' needs field {cols.choices!r} (a list of >= 2 options)")
                 yield Question(id=qid, dataset=dataset, domain=dom,  # type: ignore[arg-type]
                                prompt=with_instruction(str(text), dom, instruction) if dom in ANSWER_INSTRUCTIONS else str(text),
                                gold=None if gold in (None, "") else str(gold), tests=tests,
@@ -403,6 +533,39 @@ def load_file(path: str | os.PathLike[str], *, dataset: str | None = None, domai
                     raise
                 raise DatasetError(f"{where}: {exc}") from None
     return _limited(gen(), limit)
+
+
+def _row_domain(row: dict[str, Any], cols: ColumnMap, default: str, where: str) -> str:
+    """A row's own domain (``domain``, or ``kind`` as ``conductor grade`` spells it), checked."""
+    if not cols.domain:
+        return default
+    col = cols.domain if row.get(cols.domain) not in (None, "") or cols.domain != "domain" else "kind"
+    value = row.get(col)
+    if value in (None, ""):
+        return default
+    dom = _KIND_DOMAINS.get(str(value).strip().lower()) if isinstance(value, str) else None
+    if dom is None:
+        raise DatasetError(f"{where}: field {col!r} is {value!r}; expected one of {', '.join(_KIND_DOMAINS)}")
+    return dom
+
+
+def _check_tests(tests: Any, entry: Any, cols: ColumnMap, where: str) -> None:
+    """Code tests are Python source (function-style, with an ``entry_point`` identifier) or a list of
+    ``{"input", "output"}`` cases; anything else would only ever grade as a plain failure."""
+    if isinstance(tests, list):
+        if not all(isinstance(t, dict) and "input" in t and "output" in t for t in tests):
+            raise DatasetError(f"{where}: field {cols.tests!r}: a list of tests must hold {{\"input\", \"output\"}} objects")
+    elif isinstance(tests, str):
+        try:
+            compile(tests, f"{where}:{cols.tests}", "exec")
+        except (SyntaxError, ValueError) as e:
+            raise DatasetError(f"{where}: field {cols.tests!r} is not Python ({type(e).__name__}: "
+                               f"{getattr(e, 'msg', e)})") from None
+    else:
+        raise DatasetError(f"{where}: field {cols.tests!r} must be Python test code or a list of "
+                           f"{{\"input\", \"output\"}} objects, not a {type(tests).__name__}")
+    if entry not in (None, "") and (not isinstance(entry, str) or not _IDENTIFIER.match(entry)):
+        raise DatasetError(f"{where}: field {cols.entry_point!r} must be a Python identifier, not {entry!r}")
 
 
 # --------------------------------------------------------------------------- the registry
@@ -437,6 +600,10 @@ def load_dataset(name_or_path: str, *, limit: int | None = None, **kwargs: Any) 
     spec = DATASETS.get(name_or_path)
     if spec is not None:
         return spec.loader(limit=limit, **kwargs)
+    if name_or_path == STDIN:
+        return load_file(STDIN, limit=limit, fmt="jsonl", **kwargs)
+    if name_or_path.startswith("~"):
+        name_or_path = os.path.expanduser(name_or_path)
     if "/" in name_or_path or "." in name_or_path:
         return load_file(name_or_path, limit=limit, **kwargs)
     raise DatasetError(f"unknown dataset {name_or_path!r}; known: {', '.join(sorted(DATASETS))} (or give a file path)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,14 @@ def split_spec(spec: str) -> list[tuple[str, int, int | None]]:
             continue
         name, sep, tail = raw.rpartition(":")
         if sep and tail.isdigit() and name:
+            from conductor.data.datasets import DATASETS
+
+            if os.path.exists(raw) and name not in DATASETS:
+                parts.append((raw, 0, None))   # a file whose name ends in :N
+                continue
+            if os.path.exists(raw):   # a file named gsm8k_test:3 must not silently lose to the dataset spec
+                raise ValueError(f"question-set spec {raw!r} is both a file here and {name!r} limited to {tail}; "
+                                 f"write ./{raw} for the file or move it")
             parts.append((name, 0, int(tail)))
         else:
             parts.append((raw, 0, None))

@@ -33,6 +33,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
+from dataclasses import replace as dc_replace
 from typing import TYPE_CHECKING
 
 from conductor.execution.cache import ResponseCache, cache_key, messages_hash
@@ -293,7 +294,10 @@ class Executor:
             log.info("retrying %s after %s: %s", who, e.kind, e)
 
         max_retries = self.retry.max_retries if self.retry.max_retries is not None else worker.limits.max_retries
-        return await call_with_retries(attempt, max_retries, self.retry, on_retry)
+        # the back-off between attempts is bounded by the call's own deadline: a Retry-After the limiter has
+        # already waited out (capped and logged) must not add a 30 s sleep to a call with timeout_s: 10
+        policy = self.retry if self.retry.max_wait_s <= timeout else dc_replace(self.retry, max_wait_s=timeout)
+        return await call_with_retries(attempt, max_retries, policy, on_retry)
 
     @staticmethod
     def _fill(rec: CallRecord, worker: Worker, c: Completion, start: float, cache_hit: bool) -> None:

@@ -46,6 +46,9 @@ _LETTER_PATTERNS = (
 )
 
 
+_LONG_GAP = re.compile(r"\s{64,}")
+
+
 def _tail(text: str) -> str:
     return text if len(text) <= MAX_CHARS else text[-MAX_CHARS:]
 
@@ -196,6 +199,11 @@ def choice_letter(text: str, n_choices: int = 4, choices: Sequence[str] | None =
     for cand, pool in ((raw, exact), (stripped, exact), (raw.lower(), opts), (flat, opts)):
         if cand in pool and pool.count(cand) == 1:   # the answer is exactly one option's text
             return letters[pool.index(cand)]
+    # nothing but two or more option letters ("A or B", "B/C", "(A), (C)") is a hedge, not a choice
+    one = rf"\(?[A-{last}]\)?"
+    if re.fullmatch(rf"{one}(?:\s*(?:,|/|\bor\b|\band\b)\s*{one})+", stripped, flags=re.IGNORECASE) and \
+            len(set(re.findall(rf"[A-{last}]", stripped.upper().replace("OR", "").replace("AND", "")))) > 1:
+        return None
     for k, pattern in enumerate(_LETTER_PATTERNS):
         if k == len(_LETTER_PATTERNS) - 1 and len(stripped.split()) > 3:
             break                         # a bare capital inside a sentence is not a choice
@@ -303,6 +311,8 @@ def extract(text: str | None, rules: Sequence[str] = ("tag", "boxed", "final_lin
         except KeyError:
             raise ValueError(f"unknown extraction rule {name!r}; known: {', '.join(RULES)}") from None
         found = rule(text)
+        if found and name != "code":   # a long run of blanks ends an answer ("12" + 160,000 blanks + "x")
+            found = _LONG_GAP.split(found, 1)[0].strip()
         if found is not None and found != "":
             if name == "tag":     # "<answer>The answer is \boxed{5}</answer>" -> "5"
                 inner = boxed(found) or final_answer_line(found)

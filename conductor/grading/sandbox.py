@@ -189,6 +189,26 @@ try:
     import signal
     signal.signal(signal.SIGALRM, lambda *_: os.kill(pid, signal.SIGKILL))
     signal.alarm(spec["backstop_s"])
+    # the grading process gone (kill -9): the status pipe loses its only reader (POLLERR on this write end),
+    # so the program is killed now instead of running on, orphaned, until the backstop
+    import select
+    try:
+        pidfd = os.pidfd_open(pid)
+        watch = select.poll()
+        watch.register(pidfd, select.POLLIN)
+        watch.register(spec["status_fd"], 0)
+        done = False
+        while not done:
+            for fd, _ev in watch.poll():
+                if fd == pidfd:
+                    done = True
+                else:
+                    os.kill(pid, signal.SIGKILL)
+                    if not spec["namespaces"]:
+                        os.killpg(os.getpgrp(), signal.SIGKILL)
+                    done = True
+    except (AttributeError, OSError):
+        pass
     _, status = os.waitpid(pid, 0)
     report("status", status)
     os._exit(0)
@@ -384,10 +404,14 @@ class Sandbox:
                     return SandboxResult("infra", None, "", "", time.monotonic() - start, self.isolation,
                                          f"cannot start sandbox: {exc}")
                 os.close(status_w)
+                with _LIVE_LOCK:
+                    _LIVE.add(proc.pid)
                 try:
                     timed_out = not _wait_exit(proc, limits.wall_s)
                 finally:
                     _kill_group(proc.pid)
+                    with _LIVE_LOCK:
+                        _LIVE.discard(proc.pid)
                     proc.wait()
                     if uid is not None and self.mode == "fallback":
                         _kill_uid(uid)
@@ -482,6 +506,19 @@ def _read_text(path: str, limit: int) -> str:
             return fh.read(limit).decode("utf-8", errors="replace")
     except OSError:
         return ""
+
+
+_LIVE: set[int] = set()       # process groups of the sandboxed runs in flight
+_LIVE_LOCK = threading.Lock()
+
+
+def kill_running() -> int:
+    """Kill every sandboxed run in flight (an interrupted ``conductor grade``); returns how many."""
+    with _LIVE_LOCK:
+        groups = list(_LIVE)
+    for pgid in groups:
+        _kill_group(pgid)
+    return len(groups)
 
 
 def _kill_group(pgid: int) -> None:

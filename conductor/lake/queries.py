@@ -9,6 +9,7 @@ with DuckDB over the same validated files (views ``trajectories`` and ``calls``)
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import polars as pl
@@ -197,23 +198,58 @@ def standard_report(lake: str | Lake, **where: str | None) -> dict[str, pl.DataF
 
 # ------------------------------------------------------------------ ad-hoc SQL
 
+class QueryRefused(ValueError):
+    """A query the lake-only session does not run (a write, a file outside the lake, more than one statement)."""
+
+
+# Statements a read-only session runs: SELECT covers WITH, FROM-first, DESCRIBE, SHOW and SUMMARIZE.
+_READ_ONLY = ("SELECT", "EXPLAIN")
+_POLARS_FILE_FUNCS = re.compile(r"\bread_\w+\s*\(|\bscan_\w+\s*\(", re.IGNORECASE)
+_POLARS_READ_ONLY = re.compile(r"^\s*\(*\s*(SELECT|WITH|FROM|SHOW|DESCRIBE|EXPLAIN)\b", re.IGNORECASE)
+
+
 def sql(lake: str | Lake, query: str, *, storage_options: dict[str, Any] | None = None,
-        engine: str = "duckdb") -> pl.DataFrame:
+        engine: str = "duckdb", allow_files: bool = False) -> pl.DataFrame:
     """Run one SQL query over the views ``trajectories`` and ``calls``.
 
     DuckDB reads the validated file list itself (corrupt files already skipped,
     ``union_by_name`` for older files; a typed empty table guarantees every
     current column exists). ``engine="polars"`` uses polars' SQLContext instead.
+
+    The session is lake-only and read-only unless ``allow_files``: the views are registered first, then
+    DuckDB's external access is switched off with only the lake's directory allowed, extension install and
+    autoload are off and the configuration is locked; one ``SELECT``/``WITH``/``DESCRIBE``/``SHOW``/``EXPLAIN``
+    statement runs (``QueryRefused`` otherwise). Polars' file-reading table functions are refused too.
     """
+    if not query.strip():
+        raise QueryRefused("empty query")
     lk = open_lake(lake, storage_options)
     if engine == "polars":
+        if not allow_files:
+            if _POLARS_FILE_FUNCS.search(query):
+                raise QueryRefused("reading files is off in the lake-only session (table functions read_*/scan_*); "
+                                   "--allow-files turns it on")
+            if not _POLARS_READ_ONLY.match(query):
+                raise QueryRefused("only SELECT, WITH, SHOW, DESCRIBE and EXPLAIN run in the lake-only session")
         ctx = pl.SQLContext({t: lk.scan(t) for t in SCHEMAS}, eager=False)
         return ctx.execute(query).collect()
     if engine != "duckdb":
         raise ValueError(f"engine must be 'duckdb' or 'polars', not {engine!r}")
     import duckdb
 
-    con = duckdb.connect()
+    if not allow_files:
+        try:
+            statements = duckdb.extract_statements(query)
+        except duckdb.Error as e:
+            raise QueryRefused(f"cannot parse: {str(e).strip().splitlines()[0]}") from None
+        if len(statements) != 1:
+            raise QueryRefused(f"one statement per query, not {len(statements)}")
+        kind = statements[0].type.name
+        if kind not in _READ_ONLY:
+            raise QueryRefused(f"{kind} statements do not run in the lake-only session (only SELECT, WITH, "
+                               "DESCRIBE, SHOW and EXPLAIN); --allow-files gives the full DuckDB session")
+    con = duckdb.connect(config={} if allow_files else {"autoinstall_known_extensions": False,
+                                                        "autoload_known_extensions": False})
     try:
         if not lk.location.is_local:
             con.register_filesystem(lk.location.fs)
@@ -228,6 +264,15 @@ def sql(lake: str | Lake, query: str, *, storage_options: dict[str, Any] | None 
                             f"UNION ALL BY NAME SELECT * FROM _empty_{table}")
             else:
                 con.execute(f"CREATE VIEW {table} AS SELECT * FROM _empty_{table}")
+        if not allow_files:   # views first, then the walls: only the lake's files, no extensions, locked
+            loc = lk.location
+            roots = {loc.root.rstrip("/") + "/"}
+            if not loc.is_local:
+                roots.add(f"{loc.protocol}://{loc.root.rstrip('/')}/")
+            listing = "[" + ", ".join("'" + r.replace("'", "''") + "'" for r in sorted(roots)) + "]"
+            con.execute(f"SET allowed_directories={listing}")
+            con.execute("SET enable_external_access=false")
+            con.execute("SET lock_configuration=true")
         return con.sql(query).pl()
     finally:
         con.close()

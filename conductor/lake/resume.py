@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,19 @@ class RunState:
     done: set[str] = field(default_factory=set)       # committed, not infra-failed
     failed: set[str] = field(default_factory=set)     # committed, infra-failed (a rerun retries them)
     damaged: list[str] = field(default_factory=list)  # shard files moved aside (their questions are redone)
+    failed_rows: dict[str, int] = field(default_factory=dict)   # infra-failed rows kept per id (attempts so far)
+
+    def attempt_key(self, ids: Sequence[str]) -> str:
+        """What a retried question adds to its shard key: the attempt number, so the retry's shard gets a name
+        of its own and the failed attempts stay in the lake as history instead of being overwritten.
+
+        >>> s = RunState(failed={"t1"}, failed_rows={"t1": 2})
+        >>> s.attempt_key(["t1"]).endswith("retry2"), s.attempt_key(["t2"])
+        (True, '')
+        """
+        if not any(t in self.failed for t in ids):
+            return ""
+        return f"\x1eretry{max(self.failed_rows.get(t, 0) for t in ids)}"
 
 
 def run_files(loc: LakeLocation, table: str, kind: str, run_id: str) -> list[str]:
@@ -59,6 +73,8 @@ def committed(lake_root: str | LakeLocation, kind: str, run_id: str, *, repair: 
             continue
         for tid, bad in zip(ids, failed):
             (state.failed if bad else state.done).add(tid)
+            if bad:
+                state.failed_rows[tid] = state.failed_rows.get(tid, 0) + 1
     state.failed -= state.done   # a later successful attempt wins
     return state
 

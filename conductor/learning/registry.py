@@ -19,9 +19,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
@@ -216,6 +218,10 @@ class MlflowBackend:
             from mlflow.exceptions import MlflowException
         except ImportError:
             raise RegistryError("the MLflow registry backend needs mlflow: pip install 'conductor-orchestra[mlflow]'") from None
+        if tracking_uri.startswith(("http://", "https://")):   # an unreachable server: seconds, not minutes of retries
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
         self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
         self.name = model_name
         self.root = f"{tracking_uri}#{model_name}"
@@ -342,6 +348,9 @@ class Registry:
         cid = checkpoint_id or lineage.get("checkpoint_id") or uri.rstrip("/").rsplit("/", 1)[-1]
         if not cid:
             raise RegistryError(f"cannot derive a checkpoint id from {uri!r}; pass checkpoint_id")
+        if not isinstance(cid, str) or not _CHECKPOINT_ID.match(cid):
+            raise RegistryError(f"checkpoint id {cid!r}: a plain name (letters, digits, '.', '_', '-', '+', '@', ':', "
+                                "'='), never a path")
         return self.backend.add_checkpoint(CheckpointEntry(cid, uri, _now(), lineage))
 
     def promote(self, checkpoint_id: str, reason: str = "manual promotion", expect: Any = ANY, **extra: Any) -> None:
@@ -399,6 +408,29 @@ class Registry:
         self.backend.swap(CHAMPION, target, {"time": _now(), "action": "rollback", "alias": CHAMPION,
                                              "checkpoint_id": target, "reason": reason}, expect=current)
         return self.get(target)
+
+
+CHECKPOINT_FILES = ("lineage.json", "config.json", "adapter_config.json", "model.safetensors", "pytorch_model.bin")
+
+
+def check_checkpoint_dir(uri: str) -> None:
+    """A local checkpoint is a directory holding a model (a config, weights, a GGUF file or a lineage.json):
+    not a missing path, an empty directory or /etc. Remote URIs are taken as given."""
+    if "://" in uri and not uri.startswith("file://"):
+        return
+    path = Path(uri.removeprefix("file://")).expanduser()
+    if not path.exists():
+        raise RegistryError(f"checkpoint {uri}: no such directory")
+    if not path.is_dir():
+        if path.suffix == ".gguf":
+            return
+        raise RegistryError(f"checkpoint {uri}: not a directory")
+    if not any((path / f).is_file() for f in CHECKPOINT_FILES) and not any(path.glob("*.gguf")) \
+            and not any(path.glob("*.safetensors")):
+        raise RegistryError(f"checkpoint {uri}: holds no model ({', '.join(CHECKPOINT_FILES)} or *.gguf)")
+
+
+_CHECKPOINT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+@:=-]*$")
 
 
 def read_lineage(uri: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from conductor.resources import data_path
 
@@ -58,6 +58,19 @@ class RunConfig(BaseModel):
             raise ConfigError(f"{file}: field {name}: {err['msg']}") from None
 
 
+def expand_path(value: Any) -> Any:
+    """A path as the user meant it: ``~`` and ``$VAR``/``${VAR}`` expanded, once, for every path of a run (a
+    configuration file is not a shell). URLs (``s3://...``) keep their text; an empty path is a mistake."""
+    if not isinstance(value, (str, os.PathLike)):
+        return value
+    text = str(value)
+    if not text.strip():
+        raise ValueError("must be a non-empty path (an empty one would mean the current directory)")
+    if "://" in text:
+        return text
+    return os.path.expanduser(os.path.expandvars(text))
+
+
 def eval_run_id(checkpoint_id: str, *config: Any) -> str:
     """Deterministic: re-evaluating the same checkpoint on the same config resumes (and the champion's
     evaluation is reused across nights)."""
@@ -74,6 +87,9 @@ def read_yaml(file: str | os.PathLike[str]) -> dict[str, Any]:
         text = Path(file).read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"{file}: cannot read ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        line = Path(file).read_bytes()[:e.start].count(b"\n") + 1
+        raise ConfigError(f"{file}:{line}: not UTF-8 text (byte {e.start + 1}); save the file as UTF-8") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -118,6 +134,9 @@ class AnswerConfig(RunConfig):
     limits: str | None = None
     compact: bool = False
     show_progress: bool | None = None      # a progress bar (None: when the terminal is interactive)
+
+    _paths = field_validator("out", "pool", "cache", "lake", mode="before")(
+        classmethod(lambda cls, v: expand_path(v)))
 
     # The settings that change answers, in the order the settings key has always hashed them (so run ids and
     # trajectory ids stay what they were); the pool's identity and the checkpoint come first.
@@ -169,6 +188,8 @@ class RolloutConfig(RunConfig):
     limits: str | None = None
     max_cost: float | None = Field(None, gt=0)   # dollars per question; steps past it are not run (executor)
 
+    _paths = field_validator("pool", "lake", mode="before")(classmethod(lambda cls, v: expand_path(v)))
+
     def pipeline_settings(self) -> dict[str, Any]:
         """The ``RunSpec`` fields this configuration decides."""
         return {"samples": self.group_size, "subpool_k": self.k, "seed": self.seed, "temperature": self.temperature,
@@ -210,3 +231,5 @@ class NightlyConfig(RunConfig):
     tracking_uri: str | None = None        # MLflow; None: $MLFLOW_TRACKING_URI or WORK_DIR/mlruns; "none": off
     conductor_format: dict[str, Any] | None = None   # a decoding contract for the base (conductor.learning.grpo.format)
     limits: str | None = None
+
+    _paths = field_validator("pool", "work_dir", "lake", mode="before")(classmethod(lambda cls, v: expand_path(v)))

@@ -65,8 +65,14 @@ def prepare_answer(config: AnswerConfig) -> AnswerInputs:
     lake = c.lake or str(out_dir / "lake")
     if "://" not in lake or lake.startswith("file://"):
         check_writable_dir(Path(lake.removeprefix("file://")), "--lake")
+    for name in ("answers.jsonl", "summary.json"):   # found now, not after all the work
+        if (out_dir / name).is_dir():
+            raise UsageError(f"--out {out_dir}: {out_dir / name} is a directory, expected a file")
+    if (out_dir / "report").exists() and not (out_dir / "report").is_dir():
+        raise UsageError(f"--out {out_dir}: {out_dir / 'report'} exists and is not a directory")
     cache = c.cache or str(out_dir / "cache.sqlite")
     check_file_path(Path(cache), "--cache")
+    check_cache_file(Path(cache))
     from conductor.prompts import resolve_fewshot
 
     embedded = checkpoint.startswith("embedded:")
@@ -84,6 +90,52 @@ def prepare_answer(config: AnswerConfig) -> AnswerInputs:
                         out=out_dir)
 
 
+MAX_TEMPERATURE = 2.0   # the providers' own range (OpenAI: 0-2; Anthropic: 0-1); 1000 is a typo
+OUT_MARKER = ".conductor-run.json"
+OUT_LOCK = ".conductor.lock"
+
+
+def claim_out(out: Path, questions: str, replace: bool = False) -> Any:
+    """Take ``out`` for this run: a lock held until the process ends (two identical runs on one ``--out``
+    would both pay for every call) and a marker naming the question set, so a used ``--out`` that holds
+    another input's answers is refused (its answers.jsonl, summary.json and report/ would be replaced)
+    unless ``replace``. Returns the open lock file (keep it open for the run)."""
+    import fcntl
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    fh = open(out / OUT_LOCK, "a+")   # noqa: SIM115 - held for the life of the run
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.close()
+        raise UsageError(f"--out {out}: another `conductor answer` is writing there now; wait for it to end "
+                         "(a rerun of the same command then resumes from the lake)") from None
+    marker = out / OUT_MARKER
+    try:
+        before = json.loads(marker.read_text(encoding="utf-8")).get("questions") if marker.exists() else None
+    except (OSError, ValueError, AttributeError):
+        before = None
+    if before is not None and before != questions.strip() and not replace and (out / "answers.jsonl").exists():
+        fh.close()
+        raise UsageError(f"--out {out}: holds the answers of another question set ({before!r}); use a new "
+                         "--out, or --replace to overwrite its answers.jsonl, summary.json and report/")
+    tmp = marker.with_name(marker.name + ".tmp")
+    tmp.write_text(json.dumps({"questions": questions.strip()}) + "\n", encoding="utf-8")
+    os.replace(tmp, marker)
+    return fh
+
+
+def check_cache_file(path: Path) -> None:
+    """An existing ``--cache`` is an SQLite database (a garbage file is found now, not after Prefect starts)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with open(path, "rb") as fh:
+        head = fh.read(16)
+    if head != b"SQLite format 3\x00":
+        raise UsageError(f"--cache {path}: not an SQLite database (give a new path or remove the file)")
+
+
 def check_numbers(**values: Any) -> None:
     """Counts are positive integers (recursion depth may be 0); temperatures are finite and not negative."""
     for name, v in values.items():
@@ -91,8 +143,8 @@ def check_numbers(**values: Any) -> None:
             continue
         flag = "--" + name.replace("_", "-")
         if name == "temperature":
-            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise UsageError(f"{flag} must be a finite number >= 0, not {v!r}")
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= MAX_TEMPERATURE:
+                raise UsageError(f"{flag} must be a number between 0 and {MAX_TEMPERATURE:g}, not {v!r}")
             continue
         low = 0 if name == "recursion_depth" else 1
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
@@ -196,8 +248,16 @@ def _check_champion(spec: str) -> None:
         raise RegistryError(f"registry {uri} does not exist, so it has no champion")
     if fs.isfile(path):
         raise RegistryError(f"registry {uri} is a file, not a registry directory")
-    if Registry.open(uri).champion is None and spec != "auto":
+    champion = Registry.open(uri).champion
+    if champion is None and spec != "auto":
         raise RegistryError(f"registry {uri}: no champion has been promoted yet")
+    if champion is not None:   # its files must still be there (found now, not after Prefect starts)
+        from conductor.learning.registry import check_checkpoint_dir
+
+        try:
+            check_checkpoint_dir(champion.uri)
+        except RegistryError as e:
+            raise RegistryError(f"registry {uri}: champion {champion.checkpoint_id}: {e}") from None
 
 
 def check_questions(spec: str, limit: int | None) -> list[Question]:

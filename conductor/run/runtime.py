@@ -94,7 +94,14 @@ def conductor_policy(spec: str, in_process: bool = False, pool: Pool | None = No
         spec = "embedded"
     if spec == "embedded" and in_process:   # llama.cpp in this process, loaded on first use
         return LoadOnUse(embedded_conductor), f"embedded:{EMBEDDED_CONDUCTOR_MODEL}"
-    return make_policy(spec), spec
+    return make_policy(spec), _masked(spec)
+
+
+def _masked(spec: str) -> str:
+    """A checkpoint id never carries a secret of its spec (URL password, query values, known keys)."""
+    from conductor.workers.secrets import mask_url
+
+    return mask_url(spec)
 
 
 PREFIX_CACHE_ENV = "CONDUCTOR_PREFIX_CACHE"
@@ -156,7 +163,7 @@ def checkpoint_of(spec: str) -> str:
         if entry is not None:
             return entry.checkpoint_id
         return f"embedded:{EMBEDDED_CONDUCTOR_MODEL}" if spec == "auto" else spec
-    return f"embedded:{EMBEDDED_CONDUCTOR_MODEL}" if spec == "embedded" else spec
+    return f"embedded:{EMBEDDED_CONDUCTOR_MODEL}" if spec == "embedded" else _masked(spec)
 
 
 def _champion(spec: str) -> tuple[str, Any]:

@@ -993,13 +993,37 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rpm-burst", type=float, default=2.0, help="seconds of requests the enforced limit may burst")
     ap.add_argument("--config", default=None, help="JSON file with EmulatorConfig fields (faults, scripted, ...)")
     args = ap.parse_args(argv)
+    import socket
+    import sys
+
+    def usage(message: str) -> None:   # one line, exit 2, never a traceback
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+    if not 0 <= args.port <= 65535:
+        usage(f"--port {args.port}: must be between 0 and 65535")
+    for flag, value in (("--latency", args.latency), ("--jitter", args.jitter), ("--rpm-burst", args.rpm_burst)):
+        if not math.isfinite(value) or value < 0:
+            usage(f"{flag} {value}: must be a finite number >= 0")
+    if args.rpm is not None and (not math.isfinite(args.rpm) or args.rpm <= 0):
+        usage(f"--rpm {args.rpm}: must be a finite number > 0")
     cfg = EmulatorConfig(latency_s=args.latency, latency_jitter_s=args.jitter, rpm=args.rpm, rpm_burst_s=args.rpm_burst)
     state = EmulatorState(cfg)
     if args.config:
-        with open(args.config, encoding="utf-8") as f:
-            state.configure(json.load(f))
-    import socket
-    import sys
+        try:
+            with open(args.config, encoding="utf-8") as f:
+                settings = json.load(f)
+            if not isinstance(settings, dict):
+                raise ValueError("expected a JSON object of emulator settings")
+            state.configure(settings)
+        except OSError as e:
+            usage(f"{args.config}: cannot read ({e.strerror or e})")
+        except UnicodeDecodeError:
+            usage(f"{args.config}: not UTF-8 text")
+        except json.JSONDecodeError as e:
+            usage(f"{args.config}:{e.lineno}: not valid JSON ({e.msg})")
+        except (TypeError, ValueError) as e:
+            usage(f"{args.config}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)   # bound here, so a busy port is one line
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -1010,7 +1034,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: cannot listen on 127.0.0.1:{args.port}: {e.strerror or e} (pick another --port)", file=sys.stderr)
         raise SystemExit(2) from None
     print(f"provider emulator on http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
-    web.run_app(make_app(state), sock=sock, access_log=None, print=None, backlog=1024)
+    # SIGTERM/SIGINT stop it at once: held requests (hang faults) are cancelled, not waited out
+    web.run_app(make_app(state), sock=sock, access_log=None, print=None, backlog=1024, shutdown_timeout=0.5)
 
 
 if __name__ == "__main__":

@@ -107,6 +107,13 @@ class Worker(_Strict):
             raise ValueError("must be the name of an environment variable (e.g. OPENAI_API_KEY), not a key")
         return v
 
+    @field_validator("base_url")
+    @classmethod
+    def _http_endpoint(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^(https?|embedded)://[^/\s]", v):
+            raise ValueError("must be an http:// or https:// URL (or embedded://MODEL)")
+        return v
+
     @model_validator(mode="after")
     def _endpoint_where_needed(self) -> Worker:
         if self.provider == "openai_compatible" and not self.base_url:
@@ -132,7 +139,7 @@ class Worker(_Strict):
 
 
 class Pool(_Strict):
-    pool_id: str = Field(min_length=1)
+    pool_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")   # a name, never a path
     version: int = Field(1, ge=1)
     description: str = ""
     workers: tuple[Worker, ...] = Field(min_length=1)
@@ -230,6 +237,9 @@ def load_pool(path: str | Path) -> Pool:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise PoolError(f"{path}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[:e.start].count(b"\n") + 1
+        raise PoolError(f"{path}:{line}: not UTF-8 text (byte {e.start + 1}); save the manifest as UTF-8") from None
     return parse_pool(text, source=str(path))
 
 
@@ -243,9 +253,14 @@ def parse_pool(text: str, source: str = "<pool>") -> Pool:
         raise PoolError(f"{source}{where}: invalid YAML: {getattr(e, 'problem', None) or e}") from None
     if not isinstance(data, dict):
         raise PoolError(f"{source}: a pool manifest is a mapping with pool_id and workers")
-    for w in data.get("workers") or []:
+    for i, w in enumerate(data.get("workers") or []):
         if isinstance(w, dict) and isinstance(w.get("base_url"), str):
-            w["base_url"] = expand_env(w["base_url"])
+            try:
+                w["base_url"] = expand_env(w["base_url"], strict=True)
+            except ValueError as e:
+                line = _line_of(node, ["workers", i, "base_url"])
+                raise PoolError(f"{source}{f':{line}' if line else ''}: workers[{i}]"
+                                f"{'(' + str(w.get('name')) + ')' if w.get('name') else ''}.base_url: {e}") from None
     try:
         return Pool.model_validate(data)
     except ValidationError as e:
@@ -257,16 +272,29 @@ def parse_pool(text: str, source: str = "<pool>") -> Pool:
         raise PoolError(f"{source}{f':{line}' if line else ''}: {field_path}: {msg}") from None
 
 
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASS|AUTH|CRED", re.IGNORECASE)
+INTERPOLATED_SECRETS: set[str] = set()   # variables named like secrets that a manifest interpolated
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-def expand_env(value: str) -> str:
-    """Expand ${VAR} and ${VAR:-default} (endpoints differ per deployment; keys never go here).
+def expand_env(value: str, strict: bool = False) -> str:
+    """Expand ${VAR} and ${VAR:-default} (endpoints differ per deployment). ``strict``: an unset variable
+    without a default is an error naming it, not an empty string. A variable named like a secret
+    (``*KEY*``, ``*TOKEN*``, ...) is registered for redaction.
 
     >>> expand_env("${CONDUCTOR_UNSET_VAR:-http://127.0.0.1:8000/v1}")
     'http://127.0.0.1:8000/v1'
     """
-    return _ENV_REF.sub(lambda m: os.environ.get(m.group(1)) or (m.group(2) or ""), value)
+    def sub(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        value = os.environ.get(name)
+        if strict and value is None and default is None:
+            raise ValueError(f"environment variable {name} is not set (and ${{{name}}} has no :-default)")
+        if value and _SECRET_NAME.search(name):
+            INTERPOLATED_SECRETS.add(name)   # conductor/workers/secrets.py scrubs it like any key
+        return value or (default or "")
+
+    return _ENV_REF.sub(sub, value)
 
 
 def _dotted(loc: list[Any], data: Any) -> str:

@@ -39,6 +39,7 @@ _env_names: set[str] = set(DEFAULT_KEY_ENVS)
 _MIN_SECRET_LEN = 6   # shorter values are too likely to hit ordinary words
 _TTL_S = 1.0          # re-read the environment at most this often (redact runs on every reply)
 _cached: tuple[float, list[str]] = (-1e9, [])
+_n_interpolated = 0
 
 
 def register_key_env(name: str) -> None:
@@ -76,12 +77,15 @@ def get_key(env_name: str, worker: str = "") -> str:
 
 
 def _secret_values() -> list[str]:
-    global _cached
+    global _cached, _n_interpolated
+    from conductor.workers.pool import INTERPOLATED_SECRETS
+
     now = time.monotonic()
-    if now - _cached[0] < _TTL_S:
+    if now - _cached[0] < _TTL_S and len(INTERPOLATED_SECRETS) == _n_interpolated:
         return _cached[1]
+    _n_interpolated = len(INTERPOLATED_SECRETS)   # a key a manifest just interpolated: scrubbed from now on
     with _lock:
-        names = list(_env_names)
+        names = list(_env_names | INTERPOLATED_SECRETS)
     vals = {os.environ.get(n, "").strip() for n in names}
     out = sorted((v for v in vals if len(v) >= _MIN_SECRET_LEN), key=len, reverse=True)
     _cached = (now, out)
@@ -102,6 +106,23 @@ def redact(text: str | None) -> str:
         if v in text:
             text = text.replace(v, REDACTED)
     return _PATTERNS.sub(REDACTED, text)
+
+
+def mask_url(text: str) -> str:
+    """A URL (or a spec holding one) with its secrets masked: the userinfo password, every query value and
+    any value ``redact`` knows. Stable, so ids built from it stay the same across runs.
+
+    >>> mask_url("http://u:hunter22@host:8000/v1?api-key=abc&x=1")
+    'http://[REDACTED]@host:8000/v1?api-key=[REDACTED]&x=[REDACTED]'
+    >>> mask_url("openai:m@https://host/v1#MY_KEY")
+    'openai:m@https://host/v1#MY_KEY'
+    """
+    if not text:
+        return text
+    out = re.sub(r"://[^/\s@?#]+@", f"://{REDACTED}@", text)     # user:password@ (or a token as the user)
+    out = re.sub(r"([?&][^=&#\s]+)=([^&#\s]*)", lambda m: f"{m.group(1)}={REDACTED}" if m.group(2) else m.group(0),
+                 out)
+    return redact(out)
 
 
 class RedactingFilter(logging.Filter):

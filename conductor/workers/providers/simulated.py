@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import random
 import re
 import threading
@@ -227,10 +228,15 @@ def wrong_answer(rec: GoldRecord, rng: random.Random) -> str:
         return gold + " (not)"
     if kind == "code":
         return "def solution(*args, **kwargs):\n    return None\n"
+    plain = gold.replace(",", "")
+    if plain.lstrip("-").isdigit() and len(plain) > 15:   # beyond float precision (5,000 nines): change a digit
+        return plain[:-1] + str((int(plain[-1]) + rng.randint(1, 9)) % 10)
     try:
-        value = float(gold.replace(",", ""))
+        value = float(plain)
     except ValueError:
         return f"{gold}+{rng.randint(1, 9)}"      # a LaTeX answer made wrong, still LaTeX
+    if not math.isfinite(value):
+        return f"{gold}+{rng.randint(1, 9)}"
     delta = rng.choice([-3, -2, -1, 1, 2, 3, 10])
     out = value + delta if value == int(value) else value * rng.choice([0.5, 2.0, 1.1])
     if out == int(out) and "." not in gold:

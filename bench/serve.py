@@ -1,0 +1,288 @@
+"""`conductor serve` under load: the official ``openai`` SDK (async) as N concurrent clients on loopback.
+
+1. Direct: the same workflows executed by the executor alone (``execute_batch`` in ``--clients`` lanes, one
+   workflow at a time per lane, one shared ``Executor``) over the simulated pool with ``--latency`` seconds per worker call (the
+   fixed latency option of the simulated provider, as the provider emulator's ``--latency`` adds to a reply).
+2. Served: ``conductor serve`` in its own process (``python -m conductor serve``), and ``--clients`` async
+   SDK clients sending ``--requests`` chat completions between them, each client one request at a time.
+   overhead_i = served latency of question i - direct latency of question i (same workflow, same question:
+   the simulated workers' latency and answers are deterministic), reported at its median.
+3. Embedded (``--embedded N``, N > 0): a short run of N requests through ``conductor serve`` over the embedded
+   pool's installed models (real llama.cpp workers on loopback), to show the same server with real models.
+
+Run: ``python bench/serve.py`` (defaults: 64 clients, 2,000 requests, 0.25 s per call, the ``moa:0+1:2``
+strategy: two proposers in parallel, then an aggregator: 3 worker calls and 0.5 s per request).
+Last line: ``requests=<n> errors=<e> concurrency=<c> p50_ms=<a> p99_ms=<b> overhead_p50_ms=<o> throughput_rps=<r>``.
+Target (issue #35): 0 errors at 64 clients and 2,000 requests, overhead p50 under 5 ms, throughput within 10%
+of the executor alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.test_serve_support import free_port, questions, simulated_pool  # noqa: E402
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def direct(pool_path: Path, items: list[tuple[str, str]], strategy: str, clients: int,
+           ramp_s: float) -> tuple[list[float], float]:
+    """Per-question latency (s) and wall time of the executor alone on the same workflows, in ``clients`` lanes
+    that start ``ramp_s / clients`` apart and run one workflow at a time each, as the served clients do."""
+    from conductor.data.questions import Question
+    from conductor.execution.executor import Budget, Executor
+    from conductor.execution.ratelimit import RateLimiter
+    from conductor.execution.recursion import execute_batch
+    from conductor.policy.strategies import make_strategy, strategy_pool
+    from conductor.run.pipeline import RunSpec, generate, plan
+    from conductor.workers.pool import load_pool
+
+    pool = strategy_pool(strategy, load_pool(pool_path))
+    spec = RunSpec(run_id="bench-direct", kind="served", pool=pool, checkpoint_id=strategy, temperature=0.0)
+    qs = [Question(id=f"served/bench-{i}", dataset="served", domain="free", prompt=q) for i, (q, _) in enumerate(items)]
+    policy = make_strategy(strategy, pool)
+    trajs = plan(qs, spec)
+    generate(trajs, policy, spec)
+    ex = Executor(limiter=RateLimiter())
+
+    async def main() -> float:
+        todo = iter(trajs)
+
+        async def lane(k: int) -> None:
+            await asyncio.sleep(k * ramp_s / clients)
+            for t in todo:
+                await execute_batch([t], lambda t: spec.subpool_for(t.question_id), ex, budget=Budget(),
+                                    max_steps=spec.max_steps)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(lane(k) for k in range(clients)))
+        wall = time.perf_counter() - t0
+        await ex.aclose()
+        return wall
+
+    wall = asyncio.run(main())
+    failed = sum(t.infra_failed for t in trajs)
+    if failed:
+        raise SystemExit(f"direct run: {failed} workflows failed")
+    return [t.wall_s for t in trajs], wall
+
+
+def start_server(pool_path: Path, strategy: str, port: int, lake: Path, extra: list[str] | None = None,
+                 timeout: float = 300.0) -> subprocess.Popen[bytes]:
+    import httpx
+
+    cmd = [sys.executable, "-m", "conductor", "serve", "--pool", str(pool_path), "--conductor", strategy,
+           "--port", str(port), "--key-rpm", "0", "--key-concurrency", "100000", *(["--lake", str(lake)] if os.environ.get("BENCH_LAKE", "1") == "1" else []),
+           "--registry", str(lake.parent / "registry"), *(extra or [])]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"conductor serve exited: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.terminate()
+    raise SystemExit("conductor serve did not come up")
+
+
+async def load(clients: list, items: list[tuple[str, str]], warmup: list[tuple[str, str]],
+               ramp_s: float) -> tuple[dict[int, float], dict[int, float], int, float, list[str]]:
+    """Each client sends one request at a time until ``items`` are all asked. The clients are made and
+    connected (``warmup``) before the clock starts, as long-lived application clients are: building one
+    ``AsyncOpenAI`` loads the CA certificates (~40 ms of CPU each here), which is not serving cost."""
+    import openai
+
+    async def ask(c: openai.AsyncOpenAI, q: str) -> tuple[str, str]:
+        raw = await c.chat.completions.with_raw_response.create(model="conductor",
+                                                                messages=[{"role": "user", "content": q}])
+        r = raw.parse()
+        return r.choices[0].message.content or "", raw.headers.get("server-timing", "")
+
+    warm = iter(warmup)
+    await asyncio.gather(*(ask(c, next(warm)[0]) for c in clients))
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(len(items)):
+        queue.put_nowait(i)
+    lat: dict[int, float] = {}
+    server: dict[int, float] = {}      # the server's own time per request (Server-Timing: total)
+    errors: list[str] = []
+
+    async def client(k: int, c: openai.AsyncOpenAI) -> None:
+        await asyncio.sleep(k * ramp_s / len(clients))
+        while not queue.empty():
+            i = queue.get_nowait()
+            t0 = time.perf_counter()
+            try:
+                text, timing = await ask(c, items[i][0])
+            except openai.OpenAIError as e:
+                errors.append(f"{i}: {type(e).__name__}: {str(e)[:200]}")
+                continue
+            if not text:
+                errors.append(f"{i}: empty answer")
+                continue
+            lat[i] = time.perf_counter() - t0
+            parts = dict(p.strip().split(";dur=") for p in timing.split(",") if ";dur=" in p)
+            server[i] = float(parts.get("total", "nan")) / 1000
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client(k, c) for k, c in enumerate(clients)))
+    return lat, server, len(errors), time.perf_counter() - t0, errors
+
+
+async def run_load(base_url: str, items: list[tuple[str, str]], warmup: list[tuple[str, str]], n_clients: int,
+                   cpu_pid: int, ramp_s: float = 0.0) -> tuple[tuple[dict[int, float], dict[int, float], int, float, list[str]], float, float]:
+    """(load results, server CPU seconds, client CPU seconds) over the measured part only."""
+    import openai
+
+    clients = [openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=120)
+               for _ in range(n_clients)]
+    try:
+        s0, c0 = cpu_s(cpu_pid), time.process_time()
+        res = await load(clients, items, warmup, ramp_s)
+        return res, cpu_s(cpu_pid) - s0, time.process_time() - c0
+    finally:
+        await asyncio.gather(*(c.close() for c in clients))
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> int:
+    proc.terminate()        # SIGTERM: uvicorn finishes in-flight requests, the lake writer flushes
+    try:
+        return proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def embedded_run(n: int, tmp: Path, port: int, model: str) -> str:
+    """N requests through `conductor serve` over the embedded pool (its ``model`` worker if installed, else the
+    installed ones; the fixed:0 strategy, so no conductor model competes with the worker for the CPU)."""
+    import yaml
+
+    from conductor.local.embedded import installed
+
+    have = installed()
+    doc = yaml.safe_load((ROOT / "data/pools/local.yaml").read_text())
+    doc["workers"] = [w for w in doc["workers"] if w["provider"] == "local" and w["model"] in have]
+    if any(w["model"] == model for w in doc["workers"]):
+        doc["workers"] = [w for w in doc["workers"] if w["model"] == model]
+    if not doc["workers"]:
+        return "embedded: skipped (no embedded model installed; `conductor models install`)"
+    pool = tmp / "embedded.yaml"
+    pool.write_text(yaml.safe_dump(doc))
+    proc = start_server(pool, "fixed:0", port, tmp / "lake-embedded")
+    try:
+        import openai
+
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="bench", max_retries=0, timeout=600)
+        lat, answers = [], 0
+        for i in range(n):
+            t0 = time.perf_counter()
+            r = c.chat.completions.create(model="conductor", messages=[{"role": "user", "content": f"What is {i + 2} * 3?"}],
+                                          extra_body={"conductor": {"trace": True}})
+            lat.append(time.perf_counter() - t0)
+            answers += bool(r.choices[0].message.content.strip())
+        workers = ",".join(w["name"] for w in doc["workers"])
+        return (f"embedded: requests={n} answered={answers} workers={workers} "
+                f"p50_s={statistics.median(lat):.2f} max_s={max(lat):.2f}")
+    finally:
+        stop(proc)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--latency", type=float, default=0.25, help="seconds per simulated worker call")
+    ap.add_argument("--strategy", default="moa:0+1:2")
+    ap.add_argument("--embedded", type=int, default=3, help="requests of the embedded-pool run (0: skip)")
+    ap.add_argument("--ramp-s", type=float, default=0.0,
+                    help="client k starts k/N of this many seconds later (default 0: all at once, in lock-step); "
+                         "the direct run's lanes start the same way")
+    ap.add_argument("--embedded-model", default="smollm2-135m-instruct")
+    ap.add_argument("--warmup", type=int, default=64, help="one request per client before the clock starts")
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))
+    items = questions(args.requests)
+    warm = questions(max(args.warmup, args.clients), offset=args.requests)
+    pool = simulated_pool(tmp, items + warm, latency_s=args.latency)
+    print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}; pool simulated-4 (+gold), "
+          f"{args.latency:g} s per worker call, strategy {args.strategy}; clients start over "
+          f"{args.ramp_s:g} s", flush=True)
+
+    c0 = time.process_time()
+    ramp = args.ramp_s
+    direct_lat, direct_wall = direct(pool, items, args.strategy, args.clients, ramp)
+    direct_cpu = time.process_time() - c0
+    direct_rps = len(items) / direct_wall
+    print(f"direct: executor alone, {len(items)} workflows, {args.clients} in flight: wall {direct_wall:.2f} s, "
+          f"{direct_rps:.1f} workflows/s, p50 {statistics.median(direct_lat) * 1000:.1f} ms", flush=True)
+
+    port = free_port()
+    proc = start_server(pool, args.strategy, port, tmp / "lake")
+    try:
+        base = f"http://127.0.0.1:{port}/v1"
+        (lat, server_lat, n_err, wall, errors), server_cpu, client_cpu = asyncio.run(
+            run_load(base, items, warm, args.clients, proc.pid, ramp))
+        import httpx
+
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    finally:
+        code = stop(proc)
+    for e in errors[:5]:
+        print(f"error: {e}")
+    served = list(lat.values())
+    over = [lat[i] - direct_lat[i] for i in lat]
+    rps = len(items) / wall
+    print(f"served: {len(items)} requests, {args.clients} clients: wall {wall:.2f} s, {rps:.1f} req/s "
+          f"({rps / direct_rps:.3f} of the executor alone); server exit code on SIGTERM {code}", flush=True)
+    print(f"overhead per request (served - direct, same question): p50 {pct(over, 0.5) * 1000:.2f} ms, "
+          f"p90 {pct(over, 0.9) * 1000:.2f} ms", flush=True)
+    inside = [server_lat[i] - direct_lat[i] for i in server_lat]
+    print(f"  of which inside the server (Server-Timing total - direct): p50 {pct(inside, 0.5) * 1000:.2f} ms; "
+          f"the rest is HTTP on loopback and the SDK client", flush=True)
+    print(f"CPU per request: server {server_cpu / len(items) * 1000:.2f} ms, SDK clients "
+          f"{client_cpu / len(items) * 1000:.2f} ms (direct executor: {direct_cpu / len(items) * 1000:.2f} ms)",
+          flush=True)
+    lake_rows = next((ln.split()[-1] for ln in metrics.splitlines()
+                      if ln.startswith("conductor_serve_lake_rows_written")), "?")
+    print(f"lake rows written by the time of the metrics scrape: {lake_rows}", flush=True)
+    if args.embedded > 0:
+        print(embedded_run(args.embedded, tmp, free_port(), args.embedded_model), flush=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(f"requests={len(items)} errors={n_err} concurrency={args.clients} p50_ms={pct(served, 0.5) * 1000:.1f} "
+          f"p99_ms={pct(served, 0.99) * 1000:.1f} overhead_p50_ms={pct(over, 0.5) * 1000:.2f} "
+          f"throughput_rps={rps:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""`conductor serve`: the conductor as one OpenAI-compatible model (docs/serving.md); `conductor serve-key`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from conductor.cli import app, fail
+
+
+@app.command("serve")
+def serve(pool: Path = typer.Option(..., "--pool", help="Pool manifest the conductor runs over."),
+          conductor: str = typer.Option("auto", "--conductor",
+                                        help="The default when the registry has no champion: auto (embedded), "
+                                             "a policy spec, or a strategy such as fixed:0."),
+          registry: str = typer.Option(None, "--registry", help="Champion registry (default $CONDUCTOR_REGISTRY)."),
+          reload_s: float = typer.Option(2.0, "--reload-s", help="Re-read the champion this often (0: never)."),
+          host: str = typer.Option("127.0.0.1", "--host"),
+          port: int = typer.Option(8000, "--port"),
+          lake: str = typer.Option(None, "--lake", help="Write served traffic here (kind=served)."),
+          store_text: bool = typer.Option(False, "--store-text", help="Keep the user's text in the lake."),
+          limits: str = typer.Option(None, "--limits", help="Worker rate limits: local, sqlite:PATH or prefect."),
+          client_limits: str = typer.Option(None, "--client-limits",
+                                            help="Per-key limits store shared by replicas: local or sqlite:PATH."),
+          keys_file: Path = typer.Option(None, "--keys-file", help="Lines 'NAME sha256:<hex>' (hashed API keys)."),
+          key_rpm: float = typer.Option(600.0, "--key-rpm", help="Requests per minute per API key (0: unlimited)."),
+          key_concurrency: int = typer.Option(64, "--key-concurrency", help="Requests in flight per API key."),
+          max_steps: int = typer.Option(5, "--max-steps"),
+          max_cost: float = typer.Option(None, "--max-cost", help="Dollar cap per request (requests may lower it)."),
+          recursion_depth: int = typer.Option(0, "--recursion-depth"),
+          max_input_chars: int = typer.Option(32_000, "--max-input-chars"),
+          cache: str = typer.Option(None, "--cache", help="Response cache (SQLite path)."),
+          run_id: str = typer.Option(None, "--run-id", help="Lake run id of served rows (default served-<UTC date>)."),
+          fewshot: str = typer.Option("auto", "--fewshot", help="Conductor prompt examples (auto: as `answer`)."),
+          log_level: str = typer.Option("warning", "--log-level")) -> None:
+    """Serve the conductor behind /v1/chat/completions, /v1/responses, /v1/models, /health and /metrics."""
+    import logging
+
+    from conductor.policy.strategies import StrategyError, check_strategy, strategy_pool
+    from conductor.serve.config import ServeConfig
+    from conductor.workers.pool import PoolError, load_pool
+
+    if not pool.is_file():
+        fail(f"{pool}: no such pool manifest")
+    try:   # a bad manifest or strategy is one line here, not a traceback from the server's start-up
+        manifest = load_pool(pool)
+        check_strategy(conductor, strategy_pool(conductor, manifest), max_steps)
+    except (PoolError, StrategyError) as e:
+        fail(str(e))
+    cfg = ServeConfig(pool=str(pool), conductor=conductor, registry=registry, reload_s=reload_s, lake=lake,
+                      store_text=store_text, limits=limits, client_limits=client_limits,
+                      keys_file=str(keys_file) if keys_file else None, key_rpm=key_rpm or None,
+                      key_concurrency=key_concurrency, max_steps=max_steps, max_cost=max_cost,
+                      recursion_depth=recursion_depth, max_input_chars=max_input_chars, cache=cache,
+                      run_id=run_id, fewshot=fewshot)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        run_server(cfg, host, port, log_level)
+    except ValueError as e:
+        fail(str(e))
+
+
+def run_server(cfg: object, host: str, port: int, log_level: str = "warning") -> None:
+    import uvicorn
+
+    from conductor.serve.app import create_app
+
+    app_ = create_app(cfg)  # type: ignore[arg-type]
+    uvicorn.run(app_, host=host, port=port, log_level=log_level, access_log=False, timeout_graceful_shutdown=30)
+
+
+@app.command("serve-key")
+def serve_key(name: str = typer.Argument(..., help="A name for the client (appears in logs and metrics).")) -> None:
+    """Make a new API key: prints the key once (give it to the client) and the line for --keys-file."""
+    from conductor.serve.auth import new_key_line
+
+    key, line = new_key_line(name)
+    typer.echo(f"key:  {key}")
+    typer.echo(f"line: {line}")
