@@ -18,7 +18,7 @@ app.add_typer(lake_app, name="lake")
 
 _LAKE = typer.Option(..., "--lake", envvar="CONDUCTOR_LAKE", help="Lake root: a directory or s3://bucket/prefix.")
 _FORMATS = ("table", "csv", "json")
-_KINDS = ("rollout", "eval", "answer")
+_KINDS = ("rollout", "eval", "answer", "served")
 
 
 def _open(lake: str):
