@@ -31,7 +31,7 @@ never make a wrong answer preferable: lambda trades dollars against accuracy onl
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -90,22 +90,6 @@ class CostObjective(BaseModel):
         if self.cost_ref_usd is not None:
             return self.cost_ref_usd
         return max((c for ok, c in members if ok), default=0.0)
-
-
-def apply_to_group(objective: CostObjective, rewards: Sequence[float], correct: Sequence[bool | None],
-                   costs: Sequence[float]) -> list[float]:
-    """Objective values of one group's members (same order).
-
-    >>> apply_to_group(CostObjective(cost_lambda=0.3), [1.0, 1.0, 0.5, 0.0], [True, True, False, False],
-    ...                [0.006, 0.0002, 0.0002, 0.0])
-    [0.7, 0.99, 0.5, 0.0]
-    >>> apply_to_group(CostObjective(), [1.0, 0.5], [True, False], [5.0, 0.0])
-    [1.0, 0.5]
-    """
-    if not objective.active:
-        return list(rewards)
-    ref = objective.group_ref(zip(correct, costs))
-    return [objective.reward(r, ok, c, ref) for r, ok, c in zip(rewards, correct, costs)]
 
 
 def with_objective(rows: list[dict], objective: CostObjective) -> list[dict]:

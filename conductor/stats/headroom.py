@@ -629,9 +629,11 @@ class HeadroomReport:
         """headroom.json, headroom.md and headroom.png in ``out_dir``."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
+        from conductor.run.summary import atomic_write_text
+
         png = self.plot(out / "headroom.png")
-        md = _atomic_write(out / "headroom.md", self.render_markdown("headroom.png"))
-        js = _atomic_write(out / "headroom.json", self.dumps())
+        md = atomic_write_text(out / "headroom.md", self.render_markdown("headroom.png"))
+        js = atomic_write_text(out / "headroom.json", self.dumps())
         return {"json": js, "markdown": md, "plot": png}
 
 
@@ -903,14 +905,6 @@ def _no_nan(x: Any) -> Any:
     if isinstance(x, list | tuple):
         return [_no_nan(v) for v in x]
     return x
-
-
-def _atomic_write(path: Path, text: str) -> Path:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-    return path
 
 
 def _report_stub(best: float, cross_fit: float, policy: float) -> HeadroomReport:
