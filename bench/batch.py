@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
 
     from conductor.execution.batch.store import BatchStore
-    from conductor.workers.emulator import Emulator, EmulatorConfig
+    from conductor.testing.emulator import Emulator, EmulatorConfig
 
     n = a.questions
     work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="conductor-batch-bench-"))

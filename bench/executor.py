@@ -80,7 +80,7 @@ def _post(url: str, body: dict) -> dict:
 
 def start_emulator(latency: float, rpm: float | None) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    cmd = [sys.executable, "-m", "conductor.workers.emulator", "--port", str(port), "--latency", str(latency)]
+    cmd = [sys.executable, "-m", "conductor.testing.emulator", "--port", str(port), "--latency", str(latency)]
     if rpm:
         cmd += ["--rpm", str(rpm), "--rpm-burst", "2"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

@@ -16,10 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from conductor.data.datasets import load_dataset  # noqa: E402
+from conductor.execution.sandbox import default_sandbox  # noqa: E402
 from conductor.grading import grade_many  # noqa: E402
 from conductor.grading.code import CodeGrader  # noqa: E402
 from conductor.grading.mathverify import default_pool  # noqa: E402
-from conductor.grading.sandbox import default_sandbox  # noqa: E402
 
 
 def _wrong(gold: str) -> str:

@@ -3,9 +3,10 @@
 The simulated pool (data/pools/simulated.yaml) has a known best routing: math -> sim-mathwiz (0.85),
 multiple choice -> sim-scholar (0.85); every single worker is at most ~0.58 on a half/half mix. So a
 conductor that learns to route by domain must beat every single worker, and its worker shares per domain
-must move toward the specialists. Everything runs through the production pipeline (plan -> generate ->
-execute -> score, the same ``Trajectory`` rows); the model stays in memory (``PolicyTrainer``) and rollouts
-are sampled from the very object being trained (``TransformersBackend`` over ``trainer.model``).
+must move toward the specialists. Everything runs through the production shard loop
+(conductor/run/shards.py: plan -> generate -> execute -> score, the same ``Trajectory`` rows); the model stays
+in memory (``PolicyTrainer``) and rollouts are sampled from the very object being trained
+(``TransformersBackend`` over ``trainer.model``).
 
 Routing prefill (``--prefill``; measured here, so not assumed): the untrained 135M model at T = 1.0 wrote 0
 parseable workflows out of 32 samples with no few-shot examples and 0 of 8 with the full OOD few-shot
@@ -18,7 +19,7 @@ This benchmarks *routing* learning, which is what the simulated pool can check; 
 small model to write subtasks. The prefix is part of the stored completion (text and token ids), so the
 rows show exactly what was parsed, and the trainer trains on it like any other completion token
 (behaviour log-probs are recomputed on-policy by the trainer; with one update per batch the ratio is
-exactly 1). ``--prefill '' --no-constrain --max-tokens 64`` runs the unassisted format.
+exactly 1; conductor/policy/prefill.py). ``--prefill '' --no-constrain --max-tokens 64`` runs the unassisted format.
 
 Constrained routing (``--constrain``, default): after the prefix a logits processor lets the model write only
 one worker index, ``]`` and end of turn, like the product's grammar-constrained decoding of the embedded
@@ -50,11 +51,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-DOMAINS = ("math", "mcq")
-# The parser finds the three lists in any order: this prefix fixes a one-step subtask and access list and
-# leaves the worker choice (and the closing of the list) to the model. See the module docstring.
-ROUTING_PREFILL = 'subtasks = ["Answer the user question in the format it asks for."]\naccess_list = [[]]\nmodel_id = ['
+from conductor.files import atomic_write_text, save_figure  # noqa: E402
+from conductor.policy.prefill import ROUTING_PREFILL, PrefilledBackend, RoutingConstraint  # noqa: E402
 
+DOMAINS = ("math", "mcq")
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -90,83 +90,6 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     if a.group_size < 2:
         ap.error("--group-size must be >= 2 (GRPO needs contrast within a group)")
     return a
-
-
-class PrefilledBackend:
-    """The transformers backend with the assistant turn started by a fixed prefix (see module docstring).
-
-    The prefix's tokens are returned as the first completion tokens, so the trainer (which tokenises
-    prompt + completion ids exactly as the backend renders them) sees the very sequence that was sampled.
-    Log-probs are left out so the trainer recomputes them under the same weights (ratio 1, on-policy).
-    """
-
-    name = "transformers+prefill"
-
-    def __init__(self, inner: Any, prefill: str, constraint: RoutingConstraint | None = None):
-        self.inner = inner
-        self.prefill = prefill
-        self.constraint = constraint
-        if constraint is not None:
-            from transformers import LogitsProcessorList
-
-            inner.generate_kwargs["logits_processor"] = LogitsProcessorList([constraint])
-
-    def generate(self, prompts: list[str], n: int, params: Any) -> list[list[Any]]:
-        import torch
-
-        from conductor.policy.base import Generation
-
-        if not self.prefill:
-            return self.inner.generate(prompts, n, params)
-        tok = self.inner.tokenizer
-        out: list[list[Generation]] = [[] for _ in prompts]
-        if params.seed is not None:
-            torch.manual_seed(params.seed)
-        bs = self.inner.batch_size
-        for i, p in enumerate(prompts):
-            rendered = self.inner.render(p)
-            base = tok(rendered, add_special_tokens=False)["input_ids"]
-            full = tok(rendered + self.prefill, add_special_tokens=False)["input_ids"]
-            if full[:len(base)] != base:
-                raise ValueError("prefill changes the tokenisation of the prompt; choose another --prefill")
-            pre_ids = full[len(base):]
-            for s in range(0, n, bs):   # one prompt per batch: its prefill is computed once (shared=True)
-                if self.constraint is not None:
-                    self.constraint.start = len(full)
-                gens = self.inner._generate_batch([rendered + self.prefill] * min(bs, n - s), params, shared=True)
-                out[i] += [Generation(text=self.prefill + g.text, token_ids=list(pre_ids) + list(g.token_ids or []),
-                                      logprobs=None, finish_reason=g.finish_reason) for g in gens]
-        return out
-
-    def close(self) -> None:
-        return None
-
-
-class RoutingConstraint:
-    """``--constrain``: after the routing prefill, the model may only write one worker index, ``]`` and end.
-
-    A transformers ``LogitsProcessor`` (constrained decoding, like the product's workflow grammar for the
-    embedded conductor): every sample parses, so GRPO's signal is the routing choice alone instead of being
-    mixed with learning the list syntax. Only the allowed tokens are masked; the trainer scores the sampled
-    tokens under the unconstrained model, as grammar-constrained RL usually does.
-    """
-
-    def __init__(self, tokenizer: Any, n_workers: int, eos_id: int):
-        ids = [tokenizer(str(i), add_special_tokens=False)["input_ids"] for i in range(n_workers)]
-        close = tokenizer("]", add_special_tokens=False)["input_ids"]
-        if any(len(x) != 1 for x in ids) or len(close) != 1:
-            raise ValueError("--constrain needs single-token worker indices and ']' in this tokenizer")
-        self.allowed = [[x[0] for x in ids], close, [eos_id]]
-        self.start: int | None = None
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        import torch
-
-        step = input_ids.shape[1] - self.start if self.start is not None else 0
-        allowed = self.allowed[min(step, len(self.allowed) - 1)]
-        mask = torch.full_like(scores, float("-inf"))
-        mask[:, allowed] = 0.0
-        return scores + mask
 
 
 def _split(n_eval: int, seed: int) -> tuple[list[Any], list[Any], list[Any]]:
@@ -261,11 +184,7 @@ def _plot(out: Path, curve: list[dict[str, Any]], evals: dict[str, Any], names: 
     ax.legend(fontsize=7)
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
-    png = out / "learning.png"
-    tmp = out / ".learning.png.tmp"
-    fig.savefig(tmp, dpi=110, format="png")
-    os.replace(tmp, png)
-    return png
+    return save_figure(fig, out / "learning.png")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -279,7 +198,8 @@ def main(argv: list[str] | None = None) -> None:
     from conductor.local.embedded import ensure_models
     from conductor.policy.fixed import FixedWorkflowPolicy
     from conductor.policy.transformers_backend import TransformersBackend
-    from conductor.run.pipeline import RunSpec, execute, generate, plan, run_shard, score
+    from conductor.run.pipeline import RunSpec
+    from conductor.run.shards import run_shard
     from conductor.workers.pool import load_pool
 
     t_start = time.time()
@@ -337,11 +257,8 @@ def main(argv: list[str] | None = None) -> None:
         qs = ([train_math[(j + (it - 1) * n_math) % len(train_math)] for j in range(n_math)] +
               [train_mcq[(j + (it - 1) * n_mcq) % len(train_mcq)] for j in range(n_mcq)])
         spec = RunSpec(run_id=f"learning-it{it:03d}", kind="rollout", samples=a.group_size, seed=a.seed + it, **common)
-        trajs = plan(qs, spec)
-        generate(trajs, policy, spec)
-        t_gen = time.time() - t0
-        execute(trajs, spec, executor)
-        score(trajs, qs)
+        trajs = run_shard(qs, spec, policy, executor)
+        t_gen = sum(t.conductor_s for t in trajs)     # each row holds its share of the generation time
         s = _summary(trajs)
         m = trainer.step(trajs)
         row = {"iteration": it, **{k: s[k] for k in ("reward", "accuracy", "parse_rate", "shares", "by_domain")},
@@ -359,9 +276,7 @@ def main(argv: list[str] | None = None) -> None:
     png = _plot(out, curve, evals, names)
     result = {"args": vars(a), "curve": curve, "evals": evals, "runtime_s": round(time.time() - t_start, 1),
               "load_avg_end": os.getloadavg()}
-    tmp = out / ".learning.json.tmp"
-    tmp.write_text(json.dumps(result, indent=1))
-    os.replace(tmp, out / "learning.json")
+    atomic_write_text(out / "learning.json", json.dumps(result, indent=1))
     print(f"figure: {png}  data: {out / 'learning.json'}  runtime_s={result['runtime_s']}", flush=True)
     u, t, b = evals["untrained"], evals["trained"], evals["best_single"]
     print(f"untrained_reward={u['reward']:.4f} trained_reward={t['reward']:.4f} best_single_worker_reward={b['reward']:.4f} "

@@ -5,7 +5,7 @@ llama.cpp servers on loopback, and the ``python`` tool worker when the manifest 
 Conductor: SmolLM2-135M-Instruct (default) or Qwen2.5-Coder-0.5B-Instruct, full fine-tuning in fp32 with
 transformers, sampled from the very object being trained.
 
-What the conductor learns (all of the workflow, under a grammar; ``conductor.learning.grpo.format``):
+What the conductor learns (all of the workflow, under a grammar; ``conductor.decoding``):
   * the workers of every step (any worker of the pool, by ordinal),
   * each step's subtask, chosen from a vocabulary (``--subtasks``; by default ``DEFAULT_SUBTASKS``: answer
     directly, reason and then write a Python program that prints the answer, check the earlier work and give the
@@ -36,7 +36,7 @@ lake (same trajectories, same update) and continues. Progress and an ETA are pri
 Evaluation: held-out questions disjoint from training (GSM8K test + MMLU-STEM, half each), every single worker
 (``fixed:i`` through the same pipeline), the untrained conductor (before training) and the trained one,
 greedy by default (--eval-samples/--eval-temperature for repeated samples). Statistics from
-``conductor.learning.evaluation``: question-level standard errors, a paired bootstrap over questions and McNemar
+``conductor.stats.paired``: question-level standard errors, a paired bootstrap over questions and McNemar
 paired per question. Figures: accuracies, worker usage and workflow shape (untrained vs trained, by domain)
 and the training curves; per-iteration metrics also go to MLflow (file store in the state dir by default).
 
@@ -63,7 +63,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from conductor.execution.executor import Executor  # noqa: E402
+from conductor.execution.greedy import ReuseExecutor  # noqa: E402 (bench/workflow_probe.py imports it from here too)
+from conductor.files import atomic_write_text, save_figure  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DOMAINS = ("math", "mcq")
@@ -99,7 +100,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--eval-temperature", type=float, default=0.0, help="0 = greedy (the policy's mode)")
     ap.add_argument("--max-steps", type=int, default=2)
     ap.add_argument("--subtasks", default="direct,code,check",
-                    help="the subtask vocabulary, by name (conductor.learning.grpo.format.SUBTASK_LABELS)")
+                    help="the subtask vocabulary, by name (conductor.decoding.subtasks.SUBTASK_LABELS)")
     ap.add_argument("--fewshot", default="ood:1", help="conductor prompt's few-shot policy (conductor.prompts)")
     ap.add_argument("--subpool-k", type=int, default=None, help="randomized k-of-n sub-pool per training question")
     ap.add_argument("--lr", type=float, default=5e-6,
@@ -132,7 +133,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if a.group_size < 2:
         ap.error("--group-size must be >= 2 (GRPO needs contrast within a group)")
-    from conductor.learning.grpo.format import SUBTASK_LABELS
+    from conductor.decoding.subtasks import SUBTASK_LABELS
 
     names = [n.strip() for n in a.subtasks.split(",") if n.strip()]
     unknown = [n for n in names if n not in SUBTASK_LABELS]
@@ -173,9 +174,7 @@ class State:
 
     def save(self) -> None:
         self.data["sessions"][-1]["wall_s"] = round(time.time() - self._t0, 1)
-        tmp = self.path.with_name(".progress.json.tmp")
-        tmp.write_text(json.dumps(self.data, indent=1, default=str))
-        os.replace(tmp, self.path)
+        atomic_write_text(self.path, json.dumps(self.data, indent=1, default=str))
 
     @property
     def wall_s(self) -> float:
@@ -201,23 +200,12 @@ class Tee:
 # ------------------------------------------------------------------ pool, questions, executor
 
 
-class ReuseExecutor(Executor):
-    """The project's executor, with the sample index dropped from temperature-0 calls: every sample of such a
-    call gets the same reply, so one cache entry serves a whole GRPO group, later iterations and resumes."""
-
-    async def call(self, worker: Any, messages: Any, rec: Any, *, sample_index: int = 0, state: Any = None) -> Any:
-        greedy = worker.provider == "python" or worker.sampling.temperature == 0
-        return await super().call(worker, messages, rec, sample_index=0 if greedy else sample_index, state=state)
-
-
 def greedy_pool(path: str) -> Any:
-    """The manifest with every language-model worker at temperature 0 (the rest as written)."""
+    """The manifest at ``path`` with every language-model worker at temperature 0 (conductor/execution/greedy.py)."""
+    from conductor.execution.greedy import greedy_pool as at_temperature_0
     from conductor.workers.pool import load_pool
 
-    pool = load_pool(path)
-    workers = tuple(w if w.provider == "python" else w.model_copy(update={"sampling": w.sampling.model_copy(
-        update={"temperature": 0.0})}) for w in pool.workers)
-    return pool.model_copy(update={"workers": workers, "pool_id": f"{pool.pool_id}-t0"})
+    return at_temperature_0(load_pool(path))
 
 
 def domain_counts(n: int, mcq_share: float = 0.5) -> tuple[int, int]:
@@ -297,16 +285,10 @@ def iteration_questions(train: list[Any], it: int, per_iter: int, seed: int, mcq
 
 
 def run_batch(questions: list[Any], spec: Any, policy: Any, executor: Any) -> list[Any]:
-    """plan -> generate -> execute -> score, the production pipeline's stages."""
-    import asyncio
+    """One shard through the production shard loop (conductor/run/shards.py), kept in memory."""
+    from conductor.run.shards import run_shard
 
-    from conductor.run import pipeline
-
-    trajs = pipeline.plan(questions, spec)
-    pipeline.generate(trajs, policy, spec)
-    pipeline.execute(trajs, spec, executor)
-    asyncio.run(executor.aclose())    # the SDK clients of that event loop, closed now rather than at GC
-    return pipeline.score(trajs, questions)
+    return run_shard(questions, spec, policy, executor)
 
 
 def open_shards(name: str, held: list[Any], spec: Any, lake: str, a: argparse.Namespace) -> list[tuple[int, str, list[Any]]]:
@@ -326,21 +308,26 @@ def _add_phase_seconds(state: State, name: str, seconds: float) -> None:
 
 def run_eval(name: str, held: list[Any], spec: Any, policy: Any, executor: Any, lake: str, a: argparse.Namespace,
              state: State) -> list[Any]:
-    """One evaluation arm, in committed lake shards (a resume skips the committed ones)."""
+    """One evaluation arm, in committed lake shards through the shard loop (a resume skips the committed ones;
+    resumed by shard, so a failing conductor stops the arm instead of committing infra-failed rows)."""
     from conductor.lake.reader import load_trajectories
-    from conductor.lake.writer import write_shard
+    from conductor.run.shards import ShardLoop
 
+    todo = open_shards(name, held, spec, lake, a)
+    index = {sid: si for si, sid, _ in todo}
     n_shards = -(-len(held) // a.shard_size)
     t0 = time.time()
-    for si, sid, qs in open_shards(name, held, spec, lake, a):
-        ts = time.time()
-        stats0 = dict(executor.stats)
-        write_shard(lake, run_batch(qs, spec, policy, executor), sid)
-        calls = executor.stats["calls"] - stats0["calls"]
-        hits = executor.stats["cache_hits"] - stats0["cache_hits"]
-        print(f"  [eval {name}] shard {si + 1}/{n_shards}: {time.time() - ts:.0f}s, {calls} calls, {hits} cache hits "
-              f"(total {state.wall_s / 60:.1f} min)", flush=True)
+    last = [t0, executor.stats["calls"], executor.stats["cache_hits"]]   # at the previous commit
+
+    def committed(sid: str, _rows: list[Any]) -> None:
+        now = [time.time(), executor.stats["calls"], executor.stats["cache_hits"]]
+        print(f"  [eval {name}] shard {index[sid] + 1}/{n_shards}: {now[0] - last[0]:.0f}s, {now[1] - last[1]} calls, "
+              f"{now[2] - last[2]} cache hits (total {state.wall_s / 60:.1f} min)", flush=True)
+        last[:] = now
         state.save()
+
+    ShardLoop(spec, policy, executor, lake=lake, on_commit=committed, record_failures=False).run(
+        [(sid, qs) for _, sid, qs in todo])
     rows = load_trajectories(lake, spec.run_id, kind="eval")
     _add_phase_seconds(state, name, time.time() - t0)
     return rows
@@ -385,7 +372,7 @@ def pregenerate(name: str, held: list[Any], spec: Any, policy: Any, lake: str, a
 
 
 def _label(subtask: str) -> str:
-    from conductor.learning.grpo.format import SUBTASK_LABELS
+    from conductor.decoding.subtasks import SUBTASK_LABELS
 
     return next((name for name, text in SUBTASK_LABELS.items() if text == subtask), "other")
 
@@ -404,7 +391,7 @@ def shape_of(t: Any) -> str | None:
 
 def summarize(rows: list[Any]) -> dict[str, Any]:
     """Accuracy with its question-level s.e., per domain, worker usage and workflow shapes."""
-    from conductor.learning.evaluation import question_mean_se, to_rows
+    from conductor.stats.paired import question_mean_se, to_rows
 
     ev = to_rows(rows)
     acc, se = question_mean_se(ev, "correct")
@@ -457,8 +444,9 @@ def rollout_iteration(it: int, a: argparse.Namespace, train: list[Any], pool: An
     """Iteration ``it``'s GRPO groups: read back from the lake when committed (a resume replays the update on
     the very same trajectories), else sampled from the current weights, executed, scored and committed."""
     from conductor.lake.reader import load_trajectories
-    from conductor.lake.writer import shard_done, write_shard
+    from conductor.lake.writer import shard_done
     from conductor.run.pipeline import RunSpec
+    from conductor.run.shards import ShardLoop
 
     run_id = f"rollout-it{it:04d}"
     if shard_done(lake, "rollout", run_id, "s0"):
@@ -467,8 +455,9 @@ def rollout_iteration(it: int, a: argparse.Namespace, train: list[Any], pool: An
                    samples=a.group_size, subpool_k=a.subpool_k, seed=a.seed * 100_003 + it, fewshot=a.fewshot,
                    max_steps=a.max_steps, temperature=a.temperature, max_tokens=a.max_tokens)
     questions = iteration_questions(train, it, a.questions_per_iteration, a.seed, a.mcq_share)
-    trajs = run_batch(questions, spec, policy, executor)
-    write_shard(lake, trajs, "s0")
+    trajs: list[Any] = []
+    ShardLoop(spec, policy, executor, lake=lake, on_commit=lambda _sid, rows: trajs.extend(rows),
+              record_failures=False).run([("s0", questions)])
     return trajs, False
 
 
@@ -531,7 +520,8 @@ def train_loop(a: argparse.Namespace, state: State, trainer: Any, policy: Any, t
 
 def compare_arms(trained: list[Any], untrained: list[Any], single: dict[str, list[Any]]) -> dict[str, Any]:
     """Trained vs the best single worker and vs untrained: paired bootstrap over questions, McNemar per question."""
-    from conductor.learning.evaluation import compare, question_mean_se, to_rows
+    from conductor.learning.evaluation import compare
+    from conductor.stats.paired import question_mean_se, to_rows
 
     acc = {w: question_mean_se(to_rows(rows), "correct")[0] for w, rows in single.items()}
     best = max(acc, key=lambda w: acc[w])
@@ -611,12 +601,7 @@ def plot(out: Path, res: dict[str, Any]) -> Path:
                  f"wall {res['wall_s'] / 3600:.2f} h (2 CPU cores)", fontsize=10)
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
-    png = out / "learning_local.png"
-    tmp = out / ".learning_local.png.tmp"
-    fig.savefig(tmp, dpi=100, format="png")
-    plt.close(fig)
-    os.replace(tmp, png)
-    return png
+    return save_figure(fig, out / "learning_local.png", dpi=100)
 
 
 def register(registry: str, base: Path, ckpt: str, cmp: dict[str, Any], pool: Any) -> str:
@@ -661,9 +646,9 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(a.threads)
+    from conductor.decoding.contract import ConductorFormat
     from conductor.execution.cache import ResponseCache
     from conductor.learning.grpo.checkpoint import formatted_base
-    from conductor.learning.grpo.format import ConductorFormat
     from conductor.learning.grpo.tracking import MetricsTracker, default_tracking_uri, plot_curves
     from conductor.local.embedded import ensure_models
     from conductor.local.servers import EmbeddedServers, resolve_embedded
@@ -776,8 +761,7 @@ def report(a: argparse.Namespace, res: dict[str, Any], cmp: dict[str, Any], out:
     met = t["accuracy"] >= b_acc + 2 * t["se"] and t["accuracy"] > u["accuracy"]
     res.update(best_single=best, target_met=met, vs_best=vb.to_json(), vs_untrained=vu.to_json(),
                phases=state.data["phases"], sessions=state.data["sessions"])
-    (out / ".learning_local.json.tmp").write_text(json.dumps(res, indent=1, default=str))
-    os.replace(out / ".learning_local.json.tmp", out / "learning_local.json")
+    atomic_write_text(out / "learning_local.json", json.dumps(res, indent=1, default=str))
     print("trained vs best single worker:\n" + vb.render(), flush=True)
     print("trained vs untrained:\n" + vu.render(), flush=True)
     print(f"wall time {res['wall_s'] / 3600:.2f} h over {len(state.data['sessions'])} session(s); this session's executor {res['executor_this_session']}; "

@@ -4,8 +4,8 @@ The pool (default ``data/pools/replay-gsm8k.yaml``) answers from RouteLLM's reco
 and Mixtral-8x7B-Instruct on the GSM8K test questions (docs/replay.md): real replies, real correctness, the
 real models' prices, no model called. The conductor is SmolLM2-135M, trained on CPU as in ``bench/learning.py``
 (its routing prefill and constrained worker index: the workflow is one step, the model chooses the worker,
-``PrefilledBackend`` / ``RoutingConstraint``); every rollout, evaluation and baseline goes through the
-production pipeline (plan -> generate -> execute -> score, the same ``Trajectory`` rows).
+conductor/policy/prefill.py); every rollout, evaluation and baseline goes through the production shard loop
+(conductor/run/shards.py: plan -> generate -> execute -> score, the same ``Trajectory`` rows).
 
 Protocol (nothing on test is looked at before the end):
 1. a seeded split **by content hash** of the recorded questions (``normalize_question``): train 60%,
@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
 import tempfile
 import time
@@ -48,7 +47,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.learning import ROUTING_PREFILL, PrefilledBackend, RoutingConstraint  # noqa: E402
+from conductor.files import atomic_path, atomic_write_text, save_figure  # noqa: E402
+from conductor.policy.prefill import ROUTING_PREFILL, PrefilledBackend, RoutingConstraint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -103,9 +103,7 @@ class State:
         return json.loads(p.read_text()) if p.exists() else None
 
     def put(self, name: str, value: Any) -> Any:
-        tmp = self.root / f".{name}.json.tmp"
-        tmp.write_text(json.dumps(value, indent=1))
-        os.replace(tmp, self.root / f"{name}.json")
+        atomic_write_text(self.root / f"{name}.json", json.dumps(value, indent=1))
         return value
 
 
@@ -172,10 +170,8 @@ class Router:
     def save(self, path: str) -> None:
         from safetensors.torch import save_model
 
-        Path(path).mkdir(parents=True, exist_ok=True)
-        tmp = Path(path) / ".model.safetensors.tmp"
-        save_model(self.trainer.model, str(tmp))     # tied embeddings and head saved once
-        os.replace(tmp, Path(path) / "model.safetensors")
+        with atomic_path(Path(path) / "model.safetensors") as tmp:
+            save_model(self.trainer.model, str(tmp))     # tied embeddings and head saved once
 
     def route_probs(self, prompts: list[str]) -> list[list[float]]:
         """P(worker i | question) at the constrained index position, one forward pass per prompt.
@@ -221,7 +217,8 @@ def single_workers(pool: Any, questions: list[Any], tag: str) -> dict[str, dict[
     """Every worker alone on ``questions`` through the pipeline (replay: free)."""
     from conductor.execution.executor import Executor
     from conductor.policy.fixed import FixedWorkflowPolicy
-    from conductor.run.pipeline import RunSpec, run_shard
+    from conductor.run.pipeline import RunSpec
+    from conductor.run.shards import run_shard
 
     out = {}
     for i, w in enumerate(pool.workers):
@@ -255,7 +252,8 @@ def policy_eval(router: Router, pool: Any, questions: list[Any],
 def train(a: argparse.Namespace, pool: Any, train_qs: list[Any], lam: float, st: State) -> Router:
     """GRPO at cost weight ``lam`` from the base checkpoint; the trained weights are kept in the state."""
     from conductor.execution.executor import Executor
-    from conductor.run.pipeline import RunSpec, execute, generate, plan, score
+    from conductor.run.pipeline import RunSpec
+    from conductor.run.shards import run_shard
 
     router = Router(a, len(pool.workers), lam, a.iterations)
     name = f"train-lambda{lam:g}"
@@ -271,10 +269,7 @@ def train(a: argparse.Namespace, pool: Any, train_qs: list[Any], lam: float, st:
         qs = [train_qs[(j + (it - 1) * q_per) % len(train_qs)] for j in range(q_per)]
         spec = RunSpec(run_id=f"replay-train-l{lam:g}-it{it:03d}", kind="rollout", pool=pool, samples=a.group_size,
                        seed=a.seed + it, fewshot="none", temperature=1.0, max_tokens=3)
-        trajs = plan(qs, spec)
-        generate(trajs, router.backend, spec)
-        execute(trajs, spec, executor)
-        score(trajs, qs)
+        trajs = run_shard(qs, spec, router.backend, executor)
         m = router.trainer.step(trajs)
         ok = [t for t in trajs if not t.infra_failed and t.reward is not None]
         strong = sum(1 for t in ok if t.calls and t.calls[-1].worker == pool.workers[0].name) / max(1, len(ok))
@@ -402,10 +397,7 @@ def _plot(out: Path, test: dict[str, Any], published: list[tuple[str, float]], t
     bx.set_title(f"APGR (ours on test; RouteLLM's published routers, {table})")
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
-    png = out / "replay_learning.png"
-    fig.savefig(out / ".replay_learning.png.tmp", dpi=110, format="png")
-    os.replace(out / ".replay_learning.png.tmp", png)
-    return png
+    return save_figure(fig, out / "replay_learning.png")
 
 
 # RouteLLM, arXiv 2406.18665 v4, Table 3 (GSM8K, GPT-4-1106-preview vs Mixtral-8x7B, routers trained on Arena

@@ -10,7 +10,7 @@ workers do better step by step than they do on test ones (``learning_local.split
 
 A workflow is written the way the learning bench prints shapes (``shape_of``): ``worker/subtask`` per step,
 ``>`` between steps, ``+`` before a step that sees every earlier one; subtasks by their names in
-``conductor.learning.grpo.format.SUBTASK_LABELS`` (``direct``, ``code``, ``adapt``, ...). So a shape read off a run's curve can be pasted here.
+``conductor.decoding.subtasks.SUBTASK_LABELS`` (``direct``, ``code``, ``adapt``, ...). So a shape read off a run's curve can be pasted here.
 
     python bench/workflow_probe.py --from-state runs/learning-local-q8          # that run's split and cache
     python bench/workflow_probe.py --train-questions 96 --shapes "qwen2.5-coder-1.5b/check"
@@ -73,7 +73,7 @@ def parse_shape(shape: str, workers: list[str]) -> Any:
     ...
     workflow_probe.ShapeError: shape 'c/direct': step 1: unknown worker 'c' (pool: a, b)
     """
-    from conductor.learning.grpo.format import SUBTASK_LABELS as subtasks
+    from conductor.decoding.subtasks import SUBTASK_LABELS as subtasks
     from conductor.workflow import ALL, Step, Workflow
 
     steps = []
@@ -125,7 +125,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _mean_se(xs: list[int]) -> tuple[float, float]:
-    """Accuracy and its standard error over questions: ``conductor.learning.evaluation.question_mean_se`` for one
+    """Accuracy and its standard error over questions: ``conductor.stats.paired.question_mean_se`` for one
     sample per question, on the 0/1 lists this bench stores.
 
     >>> m, se = _mean_se([1, 0, 1, 0]); m, round(se, 4)
@@ -137,6 +137,7 @@ def _mean_se(xs: list[int]) -> tuple[float, float]:
 def probe(a: argparse.Namespace) -> dict[str, dict[str, list[int]]]:
     """Every shape over the training questions; {shape: {domain: [0/1 per question]}}, saved after each shape."""
     from conductor.execution.cache import ResponseCache
+    from conductor.files import atomic_write_text
     from conductor.local.servers import EmbeddedServers, resolve_embedded
     from conductor.local.watchdog import watch_children
     from conductor.policy.fixed import FixedWorkflowPolicy
@@ -165,10 +166,7 @@ def probe(a: argparse.Namespace) -> dict[str, dict[str, list[int]]]:
                              FixedWorkflowPolicy(wf, name=shape), ex)
             out[key] = {**out.get(key, {}),
                         **{d: [int(bool(t.correct)) for t in rows if t.domain == d] for d in a.domains}}
-            out_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(out))
-            tmp.replace(out_path)
+            atomic_write_text(out_path, json.dumps(out))
             print(f"  {shape}: {time.time() - t0:.0f}s, {ex.stats['calls'] - calls0} paid calls", flush=True)
         ex.cache.close()
     return {s: {d: out[_key(s, pool.pool_id, a)][d] for d in a.domains} for s in a.shapes}

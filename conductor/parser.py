@@ -60,6 +60,7 @@ _LABEL_RE = re.compile(
 _THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _OPEN_QUOTES = {'"': '"', "'": "'", "\u201c": "\u201d", "\u2018": "\u2019"}
 _MODEL_REF = re.compile(r"^\s*(?:model|agent|worker)?\s*#?\s*(\d+)\s*$", re.IGNORECASE)
+_GRAMMAR_START = "model_id = ["      # how every workflow written under the grammar starts its lists
 
 
 def parse_workflow(text: Any, n_workers: int | None = None, max_steps: int = DEFAULT_MAX_STEPS,
@@ -121,12 +122,19 @@ def _from_spans(spans: dict[str, str], n_workers: int | None, max_steps: int, al
 
 
 def _candidates(text: str) -> list[str]:
-    """Where the lists may be, most likely first: after the reasoning, without <think> blocks, the raw text.
+    """Where the lists may be, most likely first: the grammar's form, after the reasoning, without <think>
+    blocks, the raw text.
 
-    A subtask may itself mention ``<think>`` or ``</think>``, so stripping is only kept when what remains
-    parses; otherwise the error of the candidate that held the most lists is reported.
+    The grammar's form (``conductor.decoding.grammar``) ends a completion with the line ``model_id = [``...
+    and the two lists after it, subtasks holding no newline: reading from the last such line keeps a plan
+    line that quotes labels, brackets or ``</think>`` from being taken for lists. A subtask may itself
+    mention ``<think>`` or ``</think>``, so stripping is only kept when what remains parses; otherwise the
+    error of the candidate that held the most lists is reported.
     """
     out = []
+    tail = text.rfind("\n" + _GRAMMAR_START)
+    if tail >= 0 or text.startswith(_GRAMMAR_START):
+        out.append(text[tail + 1:])
     low = text.lower()
     if "</think>" in low:
         out.append(text[low.rindex("</think>") + len("</think>"):])
@@ -159,9 +167,10 @@ def _balanced_end(text: str, start: int) -> int | None:
         if c in _OPEN_QUOTES:
             close = _OPEN_QUOTES[c]
             triple = text.startswith(c * 3, i) and close == c
-            i = _string_end(text, i + (3 if triple else 1), close * 3 if triple else close)
-            if i is None:
+            end = _string_end(text, i + (3 if triple else 1), close * 3 if triple else close)
+            if end is None:
                 return None
+            i = end
             continue
         if c == "[":
             depth += 1
@@ -187,10 +196,10 @@ def _string_end(text: str, i: int, close: str) -> int | None:
 def literal(span: str) -> Any:
     """Evaluate a list literal: Python, then JSON, then with smart quotes and raw newlines repaired."""
     attempts = [span]
-    fixed = _escape_raw_newlines(span)
+    fixed = _escape_raw_controls(span)
     if "\u201c" in span or "\u2018" in span or "\u201d" in span:
         # smart quotes used as delimiters; an apostrophe (’) inside a '...' string cannot be told apart
-        attempts += [_escape_raw_newlines(_smart_delimiters(span))]
+        attempts += [_escape_raw_controls(_smart_delimiters(span))]
     attempts.insert(1, fixed)
     for candidate in attempts:
         for load in (ast.literal_eval, json.loads):
@@ -227,8 +236,13 @@ def _smart_delimiters(span: str) -> str:
     return "".join(out)
 
 
-def _escape_raw_newlines(span: str) -> str:
-    """Inside quoted strings, turn literal newlines/tabs into escapes (models write multi-line subtasks)."""
+def _escape_raw_controls(span: str) -> str:
+    """Inside quoted strings, turn raw newlines, tabs and other control characters into escapes (models write
+    multi-line subtasks; a Python literal holds no raw newline or NUL). A raw ``\\r`` is dropped (CRLF lines).
+
+    >>> _escape_raw_controls('["a\\nb", "c\\x00d\\r"]')
+    '["a\\\\nb", "c\\\\x00d"]'
+    """
     out, i, quote = [], 0, None
     while i < len(span):
         c = span[i]
@@ -239,12 +253,10 @@ def _escape_raw_newlines(span: str) -> str:
                 continue
             if c == quote:
                 quote = None
-            elif c == "\n":
-                c = "\\n"
-            elif c == "\r":
-                c = ""
-            elif c == "\t":
-                c = "\\t"
+            elif c in _CONTROL_ESCAPES:
+                c = _CONTROL_ESCAPES[c]
+            elif c < " " or c == "\x7f":
+                c = f"\\x{ord(c):02x}"
         elif c in ('"', "'"):
             quote = c
         out.append(c)
@@ -252,6 +264,7 @@ def _escape_raw_newlines(span: str) -> str:
     return "".join(out)
 
 
+_CONTROL_ESCAPES = {"\n": "\\n", "\r": "", "\t": "\\t"}
 _BARE_TOKEN = re.compile(r"^[\s\[\],]*$|^[\s\[\],0-9A-Za-z_]*$")
 
 

@@ -21,9 +21,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
+from pydantic_core import PydanticCustomError
 
 from conductor.resources import data_path
 from conductor.workers.providers.base import Message
@@ -190,7 +192,65 @@ def load_fewshot(name: str) -> tuple[FewShot, ...]:
 FEWSHOT_POLICIES = ("ood", "in_domain", "mixed", "none", "informed")
 
 
-def resolve_fewshot(fewshot: str, checkpoint_id: str) -> str:
+class FewShotSpec(BaseModel):
+    """A few-shot setting, ``POLICY[:K]``, parsed once (``parse``) where a run configuration is read;
+    ``str()`` is the canonical text. ``auto`` (no k) is resolved per checkpoint (``resolved``).
+
+    >>> FewShotSpec.parse("ood:2"), str(FewShotSpec.parse(" informed ")), FewShotSpec.parse("auto").k
+    (FewShotSpec('ood:2'), 'informed', None)
+    >>> FewShotSpec.parse("ood:-1")
+    Traceback (most recent call last):
+    ...
+    ValueError: few-shot policy ood:-1: k must be a whole number >= 0
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    policy: Literal["auto", "ood", "in_domain", "mixed", "none", "informed"]
+    k: int | None = Field(None, ge=0)   # None: every example (at most 4)
+
+    @classmethod
+    def parse(cls, text: str | FewShotSpec) -> FewShotSpec:
+        """The one parser of few-shot settings; ValueError (one line) for anything else."""
+        if isinstance(text, FewShotSpec):
+            return text
+        policy, sep, count = str(text).strip().partition(":")
+        if sep and not (count.isascii() and count.isdigit()):   # ood:-1 would silently mean "all but the last"
+            raise ValueError(f"few-shot policy {policy}:{count}: k must be a whole number >= 0")
+        if policy not in FEWSHOT_POLICIES and not (policy == "auto" and not sep):
+            raise ValueError(f"few-shot policy {policy!r}: use auto, {', '.join(FEWSHOT_POLICIES)} (optionally :k)")
+        return cls.model_validate({"policy": policy, "k": int(count) if sep else None})
+
+    def resolved(self, checkpoint_id: str) -> FewShotSpec:
+        """``auto``: the informed prompt for an untrained embedded conductor, the paper's OOD prompt otherwise
+        (a trained checkpoint learned the ordinal form it was trained on)."""
+        if self.policy != "auto":
+            return self
+        from conductor.policy.spec import is_embedded_checkpoint
+        return FewShotSpec(policy="informed" if is_embedded_checkpoint(checkpoint_id) else "ood")
+
+    def __str__(self) -> str:
+        return self.policy if self.k is None else f"{self.policy}:{self.k}"
+
+    def __repr__(self) -> str:
+        return f"FewShotSpec({str(self)!r})"
+
+
+def _fewshot_field(value: object) -> object:
+    """A run configuration's ``fewshot`` text validates into the type (its message names the setting)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return FewShotSpec.parse(value)
+    except ValueError as e:
+        raise PydanticCustomError("fewshot", "{reason}", {"reason": str(e)}) from None
+
+
+# A run configuration's field: text in YAML and on the command line, the type inside, the text when saved.
+FewShotField = Annotated[FewShotSpec, BeforeValidator(_fewshot_field), PlainSerializer(str, return_type=str)]
+
+
+def resolve_fewshot(fewshot: str | FewShotSpec, checkpoint_id: str) -> str:
     """``auto``: the informed prompt for an untrained embedded conductor, the paper's OOD prompt otherwise
     (a trained checkpoint learned the ordinal form it was trained on).
 
@@ -199,12 +259,10 @@ def resolve_fewshot(fewshot: str, checkpoint_id: str) -> str:
     >>> resolve_fewshot("ood:2", "embedded:x")
     'ood:2'
     """
-    if fewshot != "auto":
-        return fewshot
-    return "informed" if checkpoint_id.startswith("embedded:") else "ood"
+    return str(FewShotSpec.parse(fewshot).resolved(checkpoint_id))
 
 
-def select_fewshot(policy: str = "ood", domain: str | None = None, k: int = 4) -> list[FewShot]:
+def select_fewshot(policy: str | FewShotSpec = "ood", domain: str | None = None, k: int = 4) -> list[FewShot]:
     """The paper's default is four out-of-domain examples; 'in_domain' and 'mixed' exist for the ablation.
 
     ``policy:k`` takes only the first k examples (short prompts for small CPU conductors).
@@ -212,13 +270,10 @@ def select_fewshot(policy: str = "ood", domain: str | None = None, k: int = 4) -
     >>> len(select_fewshot("ood:1"))
     1
     """
-    policy, sep, count = policy.partition(":")
-    if sep:
-        if not count.isdigit():   # ood:-1 would silently mean "all but the last"
-            raise ValueError(f"few-shot policy {policy}:{count}: k must be a whole number >= 0")
-        k = int(count)
-    if policy not in FEWSHOT_POLICIES:
-        raise ValueError(f"few-shot policy {policy!r}: use {', '.join(FEWSHOT_POLICIES)} (optionally :k)")
+    spec = FewShotSpec.parse(policy)
+    if spec.policy == "auto":
+        raise ValueError("few-shot policy 'auto': resolve it for the checkpoint first (resolve_fewshot)")
+    policy, k = spec.policy, k if spec.k is None else spec.k
     if policy == "none":
         return []
     if policy == "informed":
@@ -256,7 +311,7 @@ def describe_models(subpool: SubPool, describe: Literal["ordinal", "notes"] = "o
     return "\n".join(lines)
 
 
-def conductor_prompt(question: str, subpool: SubPool, *, fewshot: str = "ood",
+def conductor_prompt(question: str, subpool: SubPool, *, fewshot: str | FewShotSpec = "ood",
                      domain: str | None = None, max_steps: int = DEFAULT_MAX_STEPS,
                      describe: Literal["ordinal", "notes"] = "ordinal") -> str:
     """The user message the conductor model receives (the backend applies its chat template).
@@ -264,7 +319,7 @@ def conductor_prompt(question: str, subpool: SubPool, *, fewshot: str = "ood",
     ``fewshot="informed"`` (optionally ``informed:k``) selects the informed prompt: worker notes shown,
     examples instantiated on this sub-pool's roles, question last.
     """
-    if fewshot.partition(":")[0] == "informed":
+    if FewShotSpec.parse(fewshot).policy == "informed":
         roles = role_ordinals(subpool)
         usable = same_domain_first([e for e in select_fewshot(fewshot, domain) if e.roles <= roles.keys()], domain)
         examples = "\n".join(e.render(roles) for e in usable)

@@ -15,6 +15,13 @@ from typing import Any, Literal
 
 Kind = Literal["rollout", "eval", "answer", "served"]
 ParseStatus = Literal["ok", "parse_error", "invalid", "not_run"]
+# Why a GRPO update left a rollout out (conductor/learning/grpo/usage.py): no fair reward, nothing to train on,
+# or a group whose scored members all have the same reward (no gradient).
+UnusedReason = Literal["infra_failed", "no_completion", "zero_variance_group"]
+# How a worker call failed: the provider's classification (conductor/workers/providers/base.py raises these), or
+# "budget" for a step not run under the dollar budget. Rows read back from the lake carry the same strings.
+ErrorKind = Literal["rate_limited", "timeout", "server", "malformed", "auth", "permanent", "budget", "missing_key",
+                    "cache_miss"]
 
 
 def trajectory_id(run_id: str, question_id: str, sample_index: int, salt: str = "") -> str:
@@ -52,7 +59,10 @@ class CallRecord:
     cache_hit: bool = False
     retries: int = 0
     error: str | None = None         # redacted message
-    error_kind: str | None = None    # rate_limited | timeout | server | malformed | auth | permanent | budget
+    error_kind: ErrorKind | None = None
+    # Seeded faults the pool manifest applied to this call (conductor/workers/faults.py), ";"-joined, with the
+    # planted value where useful: "wrong_answer:41", "rewrite_step:12->13", "inject", "fail:timeout". None: clean.
+    fault: str | None = None
 
 
 @dataclass
@@ -98,6 +108,11 @@ class Trajectory:
     wall_s: float = 0.0
     conductor_s: float = 0.0   # conductor generation: this trajectory's share of the batched call that wrote it
     shard: str = ""
+    # -- the training signal, written back by the GRPO update that consumed a rollout run (lake v3) --
+    policy_version: int | None = None      # training iteration of the policy that sampled it (0 = untrained base)
+    advantage: float | None = None         # the root round's group-normalised advantage used in the update
+    used_in_training: bool | None = None   # None: no update has consumed this row (yet)
+    unused_reason: UnusedReason | None = None   # None when used, or when no update has consumed it
 
     # -- derived views: one source of truth is the rounds and calls above --
     @property

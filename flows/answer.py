@@ -2,7 +2,7 @@
 
 Resumable by content: the run id is derived from the question set and the settings, every shard is
 committed to the lake atomically, and a rerun answers exactly the questions with no intact, successful
-row for their current content and settings (flows/shards.py): another shard size redoes nothing, an
+row for their current content and settings (conductor/run/shards.py): another shard size redoes nothing, an
 edited question redoes itself, infrastructure failures and damaged shard files are retried.
 
     python -m flows.answer gsm8k_test:5 --out runs/demo
@@ -10,22 +10,22 @@ edited question redoes itself, infrastructure failures and damaged shard files a
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import flow, get_run_logger
 
 from conductor.run.config import AnswerConfig
 from conductor.run.pipeline import RunSpec
-from flows.shards import batch_mode, pending_shards, run_shards
+from conductor.run.shards import ShardLoop, batch_mode, pending_shards
+from conductor.run.summary import RunSummary
+from tasks.pipeline import TASK_STAGES
 from tasks.summary import summarize_run
 
 
 @flow(name="conductor-answer", persist_result=False, log_prints=True)
-def answer_flow(config: AnswerConfig) -> dict[str, Any]:
+def answer_flow(config: AnswerConfig) -> RunSummary:
     """Answer a question set (conductor/run/config.py: ``AnswerConfig``); trajectories go to the lake (OUT/lake,
     or any local or s3:// root given), answers to OUT/answers.jsonl, a summary and report to OUT. ``batch``:
     worker calls go through the providers' batch APIs at half price, polled every ``batch_poll_s`` seconds
-    (flows/shards.py). ``limits``: a store shared with other processes spending the same provider quotas
+    (conductor/run/shards.py). ``limits``: a store shared with other processes spending the same provider quotas
     (``sqlite:PATH``, ``prefect``; conductor/execution/shared_limits.py). ``compact``: merge the run's shard files
     afterwards (conductor/lake/compact.py)."""
     from conductor.run.preflight import prepare_answer
@@ -38,10 +38,10 @@ def answer_flow(config: AnswerConfig) -> dict[str, Any]:
     inp = prepare_answer(config)
     cfg, qs, lake = inp.config, inp.questions, str(inp.config.lake)
     probe = RunSpec.of(cfg, inp.pool, inp.checkpoint, inp.settings_key)
-    plan = pending_shards(qs, probe, lake, cfg.shard_size, cfg.retry_failed)
+    plan = pending_shards(qs, probe, lake, cfg.shard_size, cfg.retry_failed, TASK_STAGES)
     todo = plan.todo
     log.info("run %s: %d questions, %d to answer in %d shards, pool %s, conductor %s", cfg.run_id, len(qs),
-             len(qs) - plan.done_questions, len(todo), inp.pool.id, mask_url(cfg.conductor))
+             len(qs) - plan.done_questions, len(todo), inp.pool.id, mask_url(str(cfg.conductor)))
     if plan.done_questions:
         log.info("resuming: %d of %d questions already in the lake", plan.done_questions, len(qs))
     if plan.retried_questions:
@@ -52,15 +52,14 @@ def answer_flow(config: AnswerConfig) -> dict[str, Any]:
             executor = live.executor(cache_path=cfg.cache, replay=cfg.replay, limits=cfg.limits)
             with RunProgress(len(qs) * cfg.samples, "answering", enabled=cfg.show_progress) as progress:
                 progress.skip((len(qs) - sum(len(sq) for _, sq in todo)) * cfg.samples)
-                run_shards(todo, spec, lake, live.cached_policy(executor), executor, progress.done,
-                           batch=batch_mode(cfg.batch, cfg.batch_poll_s, live.pool))
+                ShardLoop(spec, live.cached_policy(executor), executor, lake=lake, stages=TASK_STAGES,
+                          on_done=progress.done, batch=batch_mode(cfg.batch, cfg.batch_poll_s, live.pool)).run(todo)
     if cfg.compact:
         from conductor.lake.compact import compact as compact_lake
 
         log.info("lake compaction: %s", compact_lake(lake, run_id=cfg.run_id, kind="answer").line())
     summary = summarize_run(lake, str(cfg.run_id), str(inp.out), current=plan.current_ids)
-    summary["answered_now"] = len(qs) - plan.done_questions      # the rest were already in the lake (resumed)
-    return summary
+    return summary.with_outputs(answered_now=len(qs) - plan.done_questions)   # the rest were in the lake (resumed)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -29,9 +29,11 @@ from conductor.learning.nightly import (
     plan_night,
     policy_spec,
     retrain_reason,
+    served_mix,
     tracking_settings,
 )
-from conductor.run.config import NightlyConfig
+from conductor.learning.results import EvalResult, TrainResult
+from conductor.run.config import EvaluateConfig, NightlyConfig, TrainConfig
 from flows.evaluate import evaluate_flow
 from flows.rollout import rollout_flow
 from flows.train import train_flow
@@ -51,6 +53,9 @@ def nightly_flow(config: NightlyConfig) -> dict[str, Any]:
 
     log = get_run_logger()
     night = plan_night(config)
+    config, served = served_mix(config, night)   # labelled served traffic first in the mix
+    if served:
+        log.info("night %s: %s", night.tag, served)
     check_disjoint(load_questions(config.train_questions), load_questions(config.eval_questions))
     reg, manifest = Registry.open(night.registry), load_pool(config.pool)
     champion = ensure_champion(reg, _base(config, night), manifest)
@@ -65,13 +70,14 @@ def nightly_flow(config: NightlyConfig) -> dict[str, Any]:
         return _report(config, night, manifest, why, iterations, stopped=stopped, headroom=headroom)
     if not (iterations and iterations[-1].get("checkpoint_id")):
         return _report(config, night, manifest, why, iterations, headroom=headroom)
-    evaluation = evaluate_flow(candidate=policy_spec(config, current), champion=policy_spec(config, champion.uri),
-                               questions=config.eval_questions, pool=config.pool, lake=night.lake,
-                               out=str(night.reports), samples=config.eval_samples, seed=config.seed,
-                               max_tokens=config.max_tokens, k=config.k, heldout_workers=config.heldout_workers,
-                               limit=config.eval_limit, cache=night.cache, shard_size=config.shard_size,
-                               candidate_id=iterations[-1]["checkpoint_id"], champion_id=champion.checkpoint_id,
-                               fewshot=config.fewshot, limits=config.limits, objective=objective_of(config))
+    evaluation = evaluate_flow(EvaluateConfig(
+        candidate=policy_spec(config, current), champion=policy_spec(config, champion.uri),
+        questions=config.eval_questions, pool=config.pool, lake=night.lake, out=str(night.reports),
+        samples=config.eval_samples, seed=config.seed, max_tokens=config.max_tokens, k=config.k,
+        heldout_workers=config.heldout_workers, limit=config.eval_limit, cache=night.cache,
+        shard_size=config.shard_size, candidate_id=iterations[-1]["checkpoint_id"],
+        champion_id=champion.checkpoint_id, fewshot=config.fewshot, limits=config.limits,
+        objective=objective_of(config)))
     decision, points, eval_run = _promote(config, night, reg, champion, manifest, evaluation)
     return _report(config, night, manifest, why, iterations, evaluation=evaluation, decision=decision,
                    points=points, eval_run=eval_run, headroom=headroom)
@@ -100,8 +106,8 @@ def _base(config: NightlyConfig, night: Night) -> str:
     """The base checkpoint, with the night's decoding contract written next to its HF copy when one is set."""
     if not config.conductor_format:
         return config.base
+    from conductor.decoding.contract import ConductorFormat
     from conductor.learning.grpo.checkpoint import formatted_base
-    from conductor.learning.grpo.format import ConductorFormat
 
     return str(formatted_base(config.base, ConductorFormat.from_json(config.conductor_format), night.work / "base"))
 
@@ -120,33 +126,33 @@ def _train(config: NightlyConfig, night: Night, reg: Any, champion: Any,
         its.append(it)
         if (stopped := budget_stop(config, night)):
             break
-        trained = train_flow(base=current, lake=night.lake, run_id=run_id, out=str(night.work / "checkpoints" / run_id),
-                             checkpoint_id=run_id, config=config.grpo, reference=champion.uri, tracking=tracking,
-                             step=i + 1)
+        trained = train_flow(TrainConfig(base=current, lake=night.lake, run_id=run_id,
+                                         out=str(night.work / "checkpoints" / run_id), checkpoint_id=run_id,
+                                         grpo=config.grpo, reference=champion.uri, tracking=tracking, step=i + 1))
         _continue_tracking(tracking, trained, night)
-        history.append({**trained["metrics"], "iteration": i + 1})
+        history.append({**trained.metrics, "iteration": i + 1})
         if run_id not in reg.backend.checkpoints():
             from conductor.learning.registry import read_lineage
 
-            reg.register(trained["uri"], lineage=checkpoint_lineage(read_lineage(trained["uri"]), manifest, night),
+            reg.register(trained.uri, lineage=checkpoint_lineage(read_lineage(trained.uri), manifest, night),
                          checkpoint_id=run_id)
-        it.update(checkpoint_id=run_id, loss=trained["metrics"].get("loss"))
-        current, current_id = trained["uri"], run_id
+        it.update(checkpoint_id=run_id, loss=trained.loss)
+        current, current_id = trained.uri, run_id
         if (stopped := budget_stop(config, night)):
             break
     _plot_curves(history, night, tracking)
     return its, current, stopped
 
 
-def _continue_tracking(tracking: dict[str, Any] | None, trained: dict[str, Any], night: Night) -> None:
+def _continue_tracking(tracking: dict[str, Any] | None, trained: TrainResult, night: Night) -> None:
     """The next iteration logs into the same MLflow run; a rerun of the night finds it in mlflow.json."""
-    if tracking is None or not trained.get("mlflow_run_id"):
+    if tracking is None or not trained.mlflow_run_id:
         return
     import json
 
-    from conductor.run.summary import atomic_write_text
+    from conductor.files import atomic_write_text
 
-    tracking["run_id"] = trained["mlflow_run_id"]
+    tracking["run_id"] = trained.mlflow_run_id
     atomic_write_text(night.reports / "mlflow.json",
                       json.dumps({"tracking_uri": tracking["uri"], "run_id": tracking["run_id"]}, indent=1))
 
@@ -162,27 +168,26 @@ def _plot_curves(history: list[dict[str, Any]], night: Night, tracking: dict[str
 
 
 def _promote(config: NightlyConfig, night: Night, reg: Any, champion: Any, manifest: Any,
-             evaluation: dict[str, Any]) -> tuple[dict[str, Any], list[Any], str]:
+             evaluation: EvalResult) -> tuple[dict[str, Any], list[Any], str]:
     """Promote if significantly better; (decision, accuracy-per-dollar points, the candidate's eval run)."""
-    from conductor.learning.evaluation import EvalReport
     from conductor.learning.nightly_report import Point
     from conductor.learning.registry import PromotionPolicy
     from conductor.run.summary import run_summary
 
-    report = EvalReport.from_json(evaluation["reports"]["main"])
+    report = evaluation.main
     decision = decision_record(reg.promote_if_better(report.candidate_id, report,
                                                      PromotionPolicy(**(config.promotion or {}))))
     get_run_logger().info("promotion: %s", decision)
-    runs = evaluation["runs"]["main"]
+    runs = evaluation.runs["main"]
     points = []
     for label, cid, kind in ((report.candidate_id, report.candidate_id, "candidate"),
                              (champion.checkpoint_id, report.champion_id, "champion")):
         s, _ = run_summary(night.lake, runs[cid], "eval")
-        points.append(Point(label, s["accuracy"], s["dollars_per_question"], kind))
+        points.append(Point(label, s.accuracy, s.dollars_per_question, kind))
     for name, baseline in (baseline_rollouts(config, night, manifest) if config.baselines else []):
         rollout_flow(baseline)
         s, _ = run_summary(night.lake, baseline.run_id, "eval")
-        points.append(Point(name, s["accuracy"], s["dollars_per_question"], "worker"))
+        points.append(Point(name, s.accuracy, s.dollars_per_question, "worker"))
     return decision, points, runs[report.candidate_id]
 
 
@@ -196,7 +201,7 @@ def _skipped(night: Night, manifest: Any, why: str) -> dict[str, Any]:
 
 
 def _report(config: NightlyConfig, night: Night, manifest: Any, why: str, iterations: list[dict[str, Any]],
-            evaluation: dict[str, Any] | None = None, decision: dict[str, Any] | None = None,
+            evaluation: EvalResult | None = None, decision: dict[str, Any] | None = None,
             points: list[Any] | None = None, eval_run: str | None = None, stopped: str | None = None,
             headroom: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write the morning-after report (and a Prefect artifact of it); the flow's result."""
@@ -205,7 +210,7 @@ def _report(config: NightlyConfig, night: Night, manifest: Any, why: str, iterat
     from conductor.learning.nightly_report import render_nightly_report
 
     path = render_nightly_report(night.reports, pool_id=manifest.id, decision=decision, why=why, iterations=iterations,
-                                 evaluation=evaluation["reports"] if evaluation else None, points=points or [],
+                                 evaluation=evaluation.to_json()["reports"] if evaluation else None, points=points or [],
                                  lake=night.lake, eval_run=eval_run, stopped=stopped, headroom=headroom)
     text = path.read_text(encoding="utf-8")
     create_markdown_artifact(key=f"nightly-{night.tag}".lower(), markdown=text[:100_000],

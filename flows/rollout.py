@@ -8,13 +8,19 @@ Dask cluster (prefect-dask): ``on_dask(rollout_flow, address)(...)``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import flow, get_run_logger
 
 from conductor.run.config import RolloutConfig
 from conductor.run.pipeline import RunSpec
-from flows.shards import fan_out_shards, run_shards, unfinished_shards
+from conductor.run.shards import ShardLoop, Shards, unfinished_shards
+from conductor.run.summary import RunSummary, run_summary
+from tasks.pipeline import TASK_STAGES
+
+if TYPE_CHECKING:
+    from conductor.execution.shared_limits import LimitsSpec
+    from conductor.policy.spec import ConductorSpec
 
 
 def _runs_remotely() -> bool:
@@ -34,7 +40,7 @@ def on_dask(flow_fn: Any, address: str | None = None, n_workers: int = 2) -> Any
 
 
 @flow(name="conductor-rollout", persist_result=False)
-def rollout_flow(config: RolloutConfig) -> dict[str, Any]:
+def rollout_flow(config: RolloutConfig) -> RunSummary:
     """Write one rollout run (GRPO groups; conductor/run/config.py: ``RolloutConfig``) to the lake; returns
     counts and mean reward.
 
@@ -43,7 +49,6 @@ def rollout_flow(config: RolloutConfig) -> dict[str, Any]:
     from conductor.data.questions import sharded
     from conductor.data.questionset import load_questions
     from conductor.run.runtime import checkpoint_of
-    from conductor.run.summary import run_summary
     from conductor.workers.pool import load_pool
     from conductor.workers.secrets import redact_prefect_logs
 
@@ -56,7 +61,7 @@ def rollout_flow(config: RolloutConfig) -> dict[str, Any]:
     shards = list(sharded(qs, c.shard_size))
     log.info("%s run %s: %d questions x %d samples in %d shards", c.kind, c.run_id, len(qs), c.group_size, len(shards))
     todo = unfinished_shards(shards, spec, c.lake)
-    limits = c.limits
+    limits: LimitsSpec | str | None = c.limits
     if todo and _runs_remotely():  # fan out: each Dask/Ray worker builds its own runtime from the plain specs
         from conductor.execution.shared_limits import default_spec
 
@@ -69,15 +74,24 @@ def rollout_flow(config: RolloutConfig) -> dict[str, Any]:
         from conductor.run.runtime import shared_live
 
         live = shared_live(manifest, c.conductor)
-        written = run_shards(todo, replace(spec, pool=live.pool), c.lake, live.policy,
-                             live.executor(c.cache, limits=limits), record_failures=False)
+        written = ShardLoop(replace(spec, pool=live.pool), live.policy, live.executor(c.cache, limits=limits),
+                            lake=c.lake, stages=TASK_STAGES, record_failures=False).run(todo)
     else:
         written = 0
-    summary, _ = run_summary(c.lake, c.run_id, c.kind)
-    summary["written_now"] = written
+    summary = run_summary(c.lake, c.run_id, c.kind)[0].with_outputs(written_now=written)
     log.info("%s run %s: %d trajectories (%d new), mean reward %s, accuracy %s", c.kind, c.run_id,
-             summary["trajectories"], written, summary["mean_reward"], summary["accuracy"])
+             summary.trajectories, written, summary.mean_reward, summary.accuracy)
     return summary
+
+
+def fan_out_shards(todo: Shards, spec: RunSpec, lake: str, conductor: ConductorSpec | str, cache: str | None,
+                   limits: LimitsSpec | str | None) -> int:
+    """Each shard as one self-contained task on the flow's Dask/Ray task runner (tasks/shard.py: the same shard
+    loop, on the worker's own runtime); returns trajectories written."""
+    from tasks.shard import run_shard_task
+
+    futures = [run_shard_task.submit(sq, spec, sid, lake, conductor, cache, limits) for sid, sq in todo]
+    return sum(f.result() for f in futures)
 
 
 def window(qs: list[Any], offset: int, limit: int | None) -> list[Any]:

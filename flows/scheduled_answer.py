@@ -15,6 +15,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from conductor.run.config import DEFAULT_POOL, AnswerConfig
+from conductor.run.summary import RunSummary
 from flows.answer import answer_flow
 
 
@@ -36,7 +37,7 @@ def scheduled_answer_flow(questions: str, out_root: str, pool: str = DEFAULT_POO
                           samples: int = 1, recursion_depth: int = 0, limit: int | None = None, shard_size: int = 5,
                           k: int | None = None, seed: int = 0, temperature: float = 0.7,
                           max_tokens: int = 768, secret_blocks: dict[str, str] | None = None,
-                          batch: bool = False, batch_poll_s: float = 60.0) -> dict[str, Any]:
+                          batch: bool = False, batch_poll_s: float = 60.0) -> RunSummary:
     """Answer QUESTIONS into OUT_ROOT/<scheduled date>/ (lake, answers.jsonl, report) with the answer flow.
 
     ``secret_blocks`` maps provider key variables to Prefect Secret block names, e.g.

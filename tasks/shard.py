@@ -4,28 +4,35 @@ task runner (threads, a Dask cluster, Ray) and builds or reuses its own runtime 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import task
 from prefect.cache_policies import NONE
 
 from conductor.run.pipeline import RunSpec
 
+if TYPE_CHECKING:
+    from conductor.execution.shared_limits import LimitsSpec
+    from conductor.policy.spec import ConductorSpec
+
 
 @task(name="rollout-shard", cache_policy=NONE, retries=1, retry_delay_seconds=5)
-def run_shard_task(questions: Sequence[Any], spec: RunSpec, shard_id: str, lake: str, conductor: str,
-                   cache_path: str | None = None, limits: str | None = None) -> int:
-    """Run one shard end to end and commit it; a committed shard is skipped (idempotent reruns)."""
+def run_shard_task(questions: Sequence[Any], spec: RunSpec, shard_id: str, lake: str, conductor: ConductorSpec | str,
+                   cache_path: str | None = None, limits: LimitsSpec | str | None = None) -> int:
+    """Run one shard end to end through the shard loop and commit it; a committed shard is skipped (idempotent
+    reruns). Rollout and eval runs resume by shard, so a failing conductor raises (the task retries) rather than
+    committing infra-failed rows the rerun would keep."""
     from dataclasses import replace
 
-    from conductor.lake.writer import shard_done, write_shard
-    from conductor.run import pipeline
-    from conductor.run.runtime import shared_live
+    from prefect import get_run_logger
 
-    if shard_done(lake, spec.kind, spec.run_id, shard_id):
+    from conductor.run.runtime import shared_live
+    from conductor.run.shards import ShardLoop, Stages, unfinished_shards
+
+    todo = unfinished_shards([(shard_id, questions)], spec, lake)
+    if not todo:
         return 0
     live = shared_live(spec.pool, conductor)
-    spec = replace(spec, pool=live.pool)
-    trajs = pipeline.run_shard(questions, spec, live.policy, live.executor(cache_path, limits=limits), shard=shard_id)
-    write_shard(lake, trajs, shard_id)
-    return len(trajs)
+    loop = ShardLoop(replace(spec, pool=live.pool), live.policy, live.executor(cache_path, limits=limits), lake=lake,
+                     stages=Stages(logger=get_run_logger), record_failures=False)
+    return loop.run(todo)

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from conductor.testing.emulator import Emulator
 from conductor.trajectory import Round, Trajectory, trajectory_id
-from conductor.workers.emulator import Emulator
 from conductor.workers.pool import Pool, Worker
 
 FAKE_KEYS = {

@@ -39,14 +39,15 @@ def tiny_checkpoint(dest: Path, seed: int = 0) -> Path:
 
 def rollout(run: str, qid: str, rewards: list[float | None], completions: list[str] | None = None,
             prompt: str = "Route: what is 2+2?", domain: str = "math", pool: str = "simulated-4@v1",
-            token_ids: list[list[int]] | None = None, logprobs: list[list[float]] | None = None) -> list[Trajectory]:
-    """One GRPO group: a trajectory per reward (None = infra-failed)."""
+            token_ids: list[list[int]] | None = None, logprobs: list[list[float]] | None = None,
+            subpool: list[str] | None = None) -> list[Trajectory]:
+    """One GRPO group: a trajectory per reward (None = infra-failed); ``subpool``: the workers the prompt lists."""
     out = []
     for i, r in enumerate(rewards):
         comp = (completions or [f"model_id = [{i % 3}]"] * len(rewards))[i]
         rnd = Round(0, prompt, comp, token_ids[i] if token_ids else None, logprobs[i] if logprobs else None, "ok")
         out.append(Trajectory(trajectory_id=trajectory_id(run, qid, i), run_id=run, kind="rollout", question_id=qid,
                               dataset="toy", domain=domain, question=prompt, sample_index=i, pool_id=pool,
-                              rounds=[rnd], reward=r, correct=(r == 1.0) if r is not None else None,
+                              rounds=[rnd], reward=r, correct=(r == 1.0) if r is not None else None, subpool=list(subpool or []),
                               infra_failed=r is None, infra_cause="rate_limited" if r is None else None))
     return out

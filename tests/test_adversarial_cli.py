@@ -129,7 +129,7 @@ def test_emulator_on_a_busy_port_is_one_line(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
-        r = subprocess.run([sys.executable, "-m", "conductor.workers.emulator", "--port", str(s.getsockname()[1])],
+        r = subprocess.run([sys.executable, "-m", "conductor.testing.emulator", "--port", str(s.getsockname()[1])],
                            capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 2 and r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
 

@@ -15,11 +15,11 @@ import textwrap
 import pytest
 
 from conductor.data.questions import Question
+from conductor.execution.sandbox import Limits, Sandbox
 from conductor.grading import get_grader
 from conductor.grading.code import CodeGrader
 from conductor.grading.extract import MAX_CHARS, answer_tag, extract
 from conductor.grading.reward import score_trajectory
-from conductor.grading.sandbox import Limits, Sandbox
 from conductor.trajectory import Round, Trajectory
 
 # --------------------------------------------------------------------------- extraction cost

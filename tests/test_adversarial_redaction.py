@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conductor.workers.emulator import Emulator, EmulatorConfig
+from conductor.testing.emulator import Emulator, EmulatorConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_POOL = str(ROOT / "data/pools/simulated.yaml")

@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 
 from conductor.lake.reader import scan
-from conductor.workers.emulator import Emulator
+from conductor.testing.emulator import Emulator
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_POOL = str(ROOT / "data/pools/simulated.yaml")
@@ -51,9 +51,9 @@ def test_another_shard_size_redoes_nothing_and_never_duplicates_or_drops(tmp_pat
     s1 = answer(q, out, shard_size=5)
     for size in (3, 10):   # smaller shards used to add rows, larger ones to drop questions
         s = answer(q, out, shard_size=size)
-        assert s["run_id"] == s1["run_id"] and s["questions"] == 12 and s["trajectories"] == 12
+        assert s.run_id == s1.run_id and s.questions == 12 and s.trajectories == 12
         assert sorted(a["question_id"] for a in answers(out)) == sorted(f"q{i}" for i in range(12))
-        rows = lake_rows(out, s1["run_id"])
+        rows = lake_rows(out, s1.run_id)
         assert rows.height == 12 and rows["question_id"].n_unique() == 12
         assert rows["n_cache_hits"].sum() == 0      # nothing was run again, not even from the cache
 
@@ -64,8 +64,8 @@ def test_an_edited_question_is_redone_and_its_stale_answer_leaves_answers_jsonl(
     s2 = answer(write_questions(tmp_path / "q.jsonl", 6, {4: ("What is 40 + 2?", "42")}), out, shard_size=3)
     by_id = {a["question_id"]: a for a in answers(out)}
     assert len(answers(out)) == 6 and by_id["q4"]["gold"] == "42" and by_id["q4"]["extracted_answer"] is not None
-    assert s2["run_id"] == s1["run_id"] and s2["trajectories"] == 6 and s2["superseded"] == 1
-    rows = lake_rows(out, s1["run_id"])
+    assert s2.run_id == s1.run_id and s2.trajectories == 6 and s2.superseded == 1
+    rows = lake_rows(out, s1.run_id)
     assert rows.height == 7                          # the old version stays in the lake as history
     assert sorted(rows.filter(pl.col("question_id") == "q4")["gold"].to_list()) == ["42", "8"]
 
@@ -75,8 +75,8 @@ def test_a_larger_limit_adds_only_the_new_questions(tmp_path):
     out = tmp_path / "out"
     s1 = answer(q, out, limit=4, shard_size=4)
     s2 = answer(q, out, limit=8, shard_size=4)
-    assert s1["run_id"] == s2["run_id"] and s2["questions"] == 8 and s2["superseded"] == 0
-    assert lake_rows(out, s2["run_id"]).height == 8
+    assert s1.run_id == s2.run_id and s2.questions == 8 and s2.superseded == 0
+    assert lake_rows(out, s2.run_id).height == 8
 
 
 @pytest.mark.parametrize("damage", ["truncate-trajectories", "delete-calls"])
@@ -91,9 +91,9 @@ def test_a_damaged_shard_file_is_redone(tmp_path, damage):
     else:
         calls.unlink()
     answer(q, out, shard_size=3)
-    assert lake_rows(out, s1["run_id"]).height == 6                    # readable again, no duplicates
+    assert lake_rows(out, s1.run_id).height == 6                    # readable again, no duplicates
     assert len(answers(out)) == 6
-    n_calls = scan(str(out / "lake"), "calls", kind="answer", run_id=s1["run_id"]).collect().height
+    n_calls = scan(str(out / "lake"), "calls", kind="answer", run_id=s1.run_id).collect().height
     assert n_calls == 6                                                  # every call row is back
     assert any(p.name.startswith(f".{traj.name}.damaged-") for p in traj.parent.iterdir())
 
@@ -101,7 +101,7 @@ def test_a_damaged_shard_file_is_redone(tmp_path, damage):
 def test_a_question_file_name_with_space_accent_and_equals_sign_works(tmp_path):
     q = write_questions(tmp_path / "my questions é=v2.jsonl", 3)
     s = answer(q, tmp_path / "out", shard_size=2)
-    assert s["questions"] == 3 and s["infra_failures"] == 0
+    assert s.questions == 3 and s.infra_failures == 0
 
 
 @pytest.fixture()
@@ -126,16 +126,16 @@ workers:
     out = tmp_path / "out"
     monkeypatch.delenv("CONDUCTOR_ADV_RETRY_KEY", raising=False)
     s1 = answer(q, out, pool=str(pool), shard_size=2)
-    assert s1["infra_failed_questions"] == 4 and "CONDUCTOR_ADV_RETRY_KEY" in next(iter(s1["infra_causes"]))
+    assert s1.infra_failed_questions == 4 and "CONDUCTOR_ADV_RETRY_KEY" in next(iter(s1.infra_causes))
 
     kept = answer(q, out, pool=str(pool), shard_size=2, retry_failed=False)   # --keep-failed: nothing retried
-    assert kept["infra_failed_questions"] == 4 and emulator.stats().get("openai:ok", 0) == 0
+    assert kept.infra_failed_questions == 4 and emulator.stats().get("openai:ok", 0) == 0
 
     monkeypatch.setenv("CONDUCTOR_ADV_RETRY_KEY", "emu-key-0123456789")
     s2 = answer(q, out, pool=str(pool), shard_size=2)
-    assert s2["infra_failed_questions"] == 0 and s2["infra_failures"] == 0 and s2["trajectories"] == 4
-    assert s2["superseded"] == 4      # the failed attempts stay in the lake as history, not overwritten (#39)
+    assert s2.infra_failed_questions == 0 and s2.infra_failures == 0 and s2.trajectories == 4
+    assert s2.superseded == 4      # the failed attempts stay in the lake as history, not overwritten (#39)
     assert all(not a["infra_failed"] and a["final_answer"] for a in answers(out))
     assert len(answers(out)) == 4
     s3 = answer(q, out, pool=str(pool), shard_size=2)    # answered now: a third run calls nothing
-    assert s3["infra_failed_questions"] == 0 and emulator.stats().get("openai:ok", 0) == 4
+    assert s3.infra_failed_questions == 0 and emulator.stats().get("openai:ok", 0) == 4

@@ -469,7 +469,7 @@ def test_14_emulator_mistakes_are_one_line_and_sigterm_stops_a_hang(tmp_path):
     one_error(run("emulator", "--port", "0", "--config", str(bad)), "not valid JSON")
     bad.write_text('{"latency_sx": 1}')
     one_error(run("emulator", "--port", "0", "--config", str(bad)), "unknown emulator settings")
-    p = subprocess.Popen([sys.executable, "-m", "conductor.workers.emulator", "--port", "0"], stdout=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, "-m", "conductor.testing.emulator", "--port", "0"], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         url = p.stdout.readline().strip().rsplit(" ", 1)[-1]
@@ -504,8 +504,8 @@ def test_16_retry_backoff_stays_inside_the_call_deadline(tmp_path, monkeypatch):
     from conductor.execution.executor import Executor
     from conductor.execution.ratelimit import RateLimiter
     from conductor.execution.retry import RetryPolicy
+    from conductor.testing.emulator import Emulator
     from conductor.trajectory import CallRecord
-    from conductor.workers.emulator import Emulator
     from conductor.workers.pool import Pool
     from conductor.workers.providers.base import Message
     from tests.fixtures_emulator import FAKE_KEYS, worker

@@ -16,6 +16,7 @@ from conductor.data.questions import Question
 from conductor.lake.reader import scan
 from conductor.policy.base import Generation
 from conductor.run import pipeline
+from conductor.run.shards import ShardLoop, run_shard
 from conductor.workers.pool import load_pool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,9 +38,9 @@ def test_answer_flow_writes_lake_answers_report_and_resumes(tmp_path, questions_
     out = tmp_path / "out"
     s1 = answer_flow(AnswerConfig(questions=str(questions_file), out=str(out), pool=SIM_POOL, conductor="fixed:0",
                                   shard_size=3, show_progress=False))
-    assert s1["questions"] == 7 and s1["trajectories"] == 7 and s1["graded"] == 7
-    assert s1["parse_failures"] == 0 and s1["infra_failures"] == 0
-    assert s1["calls_per_question"] == 1.0 and s1["dollars_per_question"] > 0
+    assert s1.questions == 7 and s1.trajectories == 7 and s1.graded == 7
+    assert s1.parse_failures == 0 and s1.infra_failures == 0
+    assert s1.calls_per_question == 1.0 and s1.dollars_per_question > 0
     answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
     assert [a["question_id"] for a in answers] == sorted(f"q{i}" for i in range(7))  # the user's own ids
     assert all(a["extracted_answer"] is not None for a in answers)
@@ -54,7 +55,7 @@ def test_answer_flow_writes_lake_answers_report_and_resumes(tmp_path, questions_
                                   shard_size=3, show_progress=False))
     df = scan(lake).collect()
     assert df.height == 7 and df["trajectory_id"].n_unique() == 7
-    assert s2["accuracy"] == s1["accuracy"]
+    assert s2.accuracy == s1.accuracy
     # the cache made the redone shard free of provider calls
     calls = scan(lake, "calls").collect()
     assert calls.filter(pl.col("cache_hit")).height >= 1
@@ -85,7 +86,7 @@ def test_malformed_conductor_outputs_are_scored_and_recorded(tmp_path):
              "model_id = [9]\nsubtasks = ['x']\naccess_list = [[]]",                # out of range: invalid, 0
              "model_id = [0]\nsubtasks = ['Solve it.']\naccess_list = [[]]"]        # fine
     spec = pipeline.RunSpec(run_id="malformed", kind="answer", pool=pool, samples=3)
-    trajs = pipeline.run_shard(qs, spec, ScriptedConductor(texts), Executor(), shard="s0")
+    trajs = run_shard(qs, spec, ScriptedConductor(texts), Executor(), shard="s0")
     status = sorted(t.parse_status for t in trajs)
     assert status.count("parse_error") == 2 and status.count("invalid") == 2 and status.count("ok") == 2
     for t in trajs:
@@ -102,9 +103,11 @@ def test_one_trajectory_that_raises_does_not_sink_the_shard():
     """pipeline.execute runs through recursion.execute_batch: a trajectory whose execution raises is recorded
     as infra-failed, the others run, and ``on_done`` hears of every one (batch mode counts on it)."""
     from conductor.execution.executor import Executor
+    from conductor.workers.providers.simulated import know_questions
 
     pool = load_pool(SIM_POOL)
     qs = [Question(id=f"e{i}", dataset="t", domain="math", prompt=f"What is {i}+1?", gold=str(i + 1)) for i in range(3)]
+    know_questions(pool, qs)                    # the stage alone: no shard loop to tell the simulated workers
     spec = pipeline.RunSpec(run_id="guard", kind="answer", pool=pool)
     trajs = pipeline.generate(pipeline.plan(qs, spec, "s0"), ScriptedConductor(
         ["model_id = [0]\nsubtasks = ['Solve it.']\naccess_list = [[]]"]), spec)
@@ -125,18 +128,19 @@ def _questions(prefix: str, n: int) -> list[Question]:
 
 
 def _run_shards(tmp_path, shards, policy, on_done=None) -> tuple[int, str]:
-    """flows.shards.run_shards inside a real Prefect flow, over the simulated pool: (rows written, lake)."""
+    """The shard loop with the Prefect task stages, inside a real Prefect flow, over the simulated pool:
+    (rows written, lake)."""
     from prefect import flow
 
     from conductor.execution.executor import Executor
-    from flows.shards import run_shards
+    from tasks.pipeline import TASK_STAGES
 
     spec = pipeline.RunSpec(run_id=tmp_path.name, kind="answer", pool=load_pool(SIM_POOL))
     lake = str(tmp_path / "lake")
 
     @flow(persist_result=False)
     def shard_loop() -> int:
-        return run_shards(shards, spec, lake, policy, Executor(), on_done)
+        return ShardLoop(spec, policy, Executor(), lake=lake, stages=TASK_STAGES, on_done=on_done).run(shards)
 
     return shard_loop(), lake
 

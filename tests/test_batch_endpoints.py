@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conductor.execution.batch.adapters.base import BatchRequest, adapter_class
-from conductor.workers.emulator import Emulator
+from conductor.testing.emulator import Emulator
 from conductor.workers.providers.base import Message, make_provider
 from tests.fixtures_emulator import emu as _emu  # noqa: F401 - pytest fixtures, used by name
 from tests.fixtures_emulator import emulator, worker  # noqa: F401

@@ -21,8 +21,8 @@ from conductor.execution.cache import ResponseCache
 from conductor.execution.executor import Executor
 from conductor.execution.recursion import execute_batch, run_batch
 from conductor.execution.retry import RetryPolicy
+from conductor.testing.emulator import Emulator
 from conductor.trajectory import Trajectory
-from conductor.workers.emulator import Emulator
 from conductor.workers.pool import Pool
 from tests.fixtures_emulator import emu as _emu  # noqa: F401 - pytest fixtures, used by name
 from tests.fixtures_emulator import emulator, lists, make_traj, worker  # noqa: F401

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from conductor.workers.emulator import Emulator, EmulatorConfig
+from conductor.testing.emulator import Emulator, EmulatorConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CONDUCTOR = "conductor-under-test"

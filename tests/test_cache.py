@@ -13,9 +13,9 @@ import pytest
 from conductor.execution.cache import ResponseCache, cache_key, copy_responses, export_responses
 from conductor.execution.executor import Executor
 from conductor.execution.recursion import run_batch
+from conductor.testing.emulator import Emulator
 from conductor.trajectory import CallRecord
 from conductor.workers.cost import summarize_run
-from conductor.workers.emulator import Emulator
 from conductor.workers.pool import Worker
 from conductor.workers.providers.base import Completion, Message
 from tests.fixtures_emulator import emu, emulator, lists, make_traj, three_provider_pool, worker  # noqa: F401

@@ -127,8 +127,8 @@ def test_a_free_pool_is_plotted_against_seconds(tmp_path):
     for spec in ("fixed:0", "moa:0+1:2"):
         s = answer_flow(AnswerConfig(questions=str(q), out=str(tmp_path / spec.replace(":", "_")), pool=str(pool),
                                      conductor=spec, lake=lake, show_progress=False))
-        assert s["dollars_per_question"] == 0
-        runs.append((spec, s["run_id"]))
+        assert s.dollars_per_question == 0
+        runs.append((spec, s.run_id))
     c = compare_runs(lake, runs)
     assert c.cost_axis == "seconds" and c.paired is None and c.best_single == "fixed:0"
     measured = compare_runs(lake, runs, elapsed={runs[0][1]: 70.0})    # a wall clock compare measured itself

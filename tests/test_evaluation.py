@@ -7,16 +7,14 @@ import random
 
 import pytest
 
-from conductor.learning.evaluation import (
-    EvalReport,
+from conductor.learning.evaluation import EvalReport, compare, summarize
+from conductor.stats.paired import (
     EvalRow,
-    compare,
     mcnemar,
     mcnemar_exact,
     mean_se,
     paired_bootstrap,
     question_mean_se,
-    summarize,
     to_rows,
 )
 from conductor.trajectory import CallRecord, Trajectory

@@ -13,7 +13,7 @@ from conductor.execution.cache import ResponseCache
 from conductor.execution.executor import Budget, Executor
 from conductor.execution.recursion import execute_batch, run_batch
 from conductor.execution.retry import RetryPolicy
-from conductor.workers.emulator import Emulator
+from conductor.testing.emulator import Emulator
 from conductor.workers.pool import Pool
 from tests.fixtures_emulator import FAKE_KEYS, emu, emulator, lists, make_traj, three_provider_pool, worker  # noqa: F401
 

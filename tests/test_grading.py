@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 
 from conductor.data.datasets import load_dataset
 from conductor.data.questions import Question
+from conductor.execution.sandbox import Limits, Sandbox
 from conductor.grading import GradeResult, get_grader, grade_many
 from conductor.grading.code import CodeGrader
 from conductor.grading.equivalence import MathGrader
 from conductor.grading.mathverify import MathVerifyPool
 from conductor.grading.numeric import to_number
-from conductor.grading.sandbox import Limits, Sandbox
 
 
 def perturb(gold: str) -> str:

@@ -7,7 +7,7 @@ import importlib.util
 
 import pytest
 
-from conductor.grammar import workflow_grammar
+from conductor.decoding.grammar import workflow_grammar
 from conductor.parser import parse_workflow
 from conductor.policy.base import GenerationParams
 from conductor.workflow import Workflow

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conductor.grammar import workflow_grammar
+from conductor.decoding.grammar import workflow_grammar
 from conductor.parser import parse_workflow
 from conductor.policy.base import GenerationParams
 from conductor.workflow import ALL, Workflow
@@ -231,7 +231,7 @@ def test_vllm_structured_outputs_parameters():
 VLLM_PYTHON = Path(os.environ.get("CONDUCTOR_VLLM_PYTHON", "/opt/conductor-vllm-venv/bin/python"))
 VLLM_SCRIPT = r"""
 import json, sys
-from conductor.grammar import workflow_grammar
+from conductor.decoding.grammar import workflow_grammar
 from conductor.parser import parse_workflow
 from conductor.policy.base import GenerationParams
 from conductor.policy.vllm_backend import VLLMBackend

@@ -1,6 +1,7 @@
 """A checkpoint's decoding contract (conductor_format.json): written on a formatted base, carried by every GRPO
 step to the child, applied by the transformers backend to every generation (whatever grammar a caller
-passes), with real tiny models and the real llguidance grammar engine."""
+passes) over the number of workers the caller says the prompt lists, with real tiny models and the real
+llguidance grammar engine."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from conductor.decoding.contract import FORMAT_FILE, ConductorFormat, load_format
+from conductor.decoding.subtasks import DEFAULT_SUBTASKS
 from conductor.learning.grpo.checkpoint import formatted_base
-from conductor.learning.grpo.format import DEFAULT_SUBTASKS, FORMAT_FILE, ConductorFormat, load_format, n_workers_in
 from conductor.parser import parse_workflow
 from conductor.policy.base import GenerationParams
 from conductor.workflow import Workflow
@@ -30,7 +32,7 @@ def test_format_round_trips_and_validates():
         ConductorFormat(subtasks=('say "x"',))
     with pytest.raises(ValueError):
         ConductorFormat(min_steps=3, max_steps=2)
-    assert n_workers_in("no models here") is None
+    assert fmt.for_workers(4).n_workers == 4 and fmt.for_workers(4).gbnf() == fmt.grammar(4)
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +44,10 @@ def tiny(tmp_path_factory) -> Path:
     return tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt", seed=3)
 
 
-def _prompts() -> list[str]:
-    """Short prompts (the tiny model's tokens are bytes) listing 3 and 4 workers as the conductor prompt does."""
-    models = lambda k: "\n".join(f"Model {i}" for i in range(k))   # noqa: E731
-    return [f"Q: 17 * 3?\nAVAILABLE LANGUAGE MODELS:\n{models(3)}", f"Q: is 221 prime?\nAVAILABLE LANGUAGE MODELS:\n{models(4)}"]
+def _prompt(k: int) -> str:
+    """A short prompt (the tiny model's tokens are bytes) listing ``k`` workers as the conductor prompt does."""
+    models = "\n".join(f"Model {i}" for i in range(k))
+    return f"Q: 17 * 3?\nAVAILABLE LANGUAGE MODELS:\n{models}"
 
 
 def test_format_travels_with_the_checkpoint_and_governs_decoding(tiny, tmp_path):
@@ -63,20 +65,19 @@ def test_format_travels_with_the_checkpoint_and_governs_decoding(tiny, tmp_path)
     assert json.loads((Path(child) / "lineage.json").read_text())["conductor_format"] == fmt.to_json()
     backend = TransformersBackend.load(child, batch_size=4)
     assert backend.conductor_format == fmt
-    prompts = _prompts()                  # 3 and 4 workers: one grammar per worker count
     free_grammar = "root ::= [a-z]{1,5}"  # a caller's grammar is replaced by the checkpoint's own
-    for params in (GenerationParams(temperature=1.0, max_tokens=400, seed=1),
-                   GenerationParams(temperature=1.0, max_tokens=400, seed=2, grammar=free_grammar)):
-        out = backend.generate(prompts, 3, params)
-        for prompt, gens in zip(prompts, out):
-            k = n_workers_in(prompt)
-            for g in gens:
-                assert g.finish_reason == "stop", g.text
-                wf = parse_workflow(g.text, n_workers=k, max_steps=2)
-                assert isinstance(wf, Workflow), g.text
-                assert all(s.subtask in DEFAULT_SUBTASKS for s in wf.steps)
-    with pytest.raises(ValueError, match="lists no 'Model i'"):
-        backend.generate(["no model list"], 1, GenerationParams(max_tokens=8))
+    for k, params in ((3, GenerationParams(temperature=1.0, max_tokens=400, seed=1, n_workers=3)),
+                      (4, GenerationParams(temperature=1.0, max_tokens=400, seed=2, grammar=free_grammar, n_workers=4))):
+        (gens,) = backend.generate([_prompt(k)], 3, params)
+        for g in gens:
+            assert g.finish_reason == "stop", g.text
+            wf = parse_workflow(g.text, n_workers=k, max_steps=2)
+            assert isinstance(wf, Workflow), g.text
+            assert all(s.subtask in DEFAULT_SUBTASKS for s in wf.steps)
+        assert max(s.worker for g in gens for s in parse_workflow(g.text).steps) < k
+    with pytest.raises(ValueError, match="GenerationParams.n_workers"):
+        backend.generate([_prompt(3)], 1, GenerationParams(max_tokens=8))
+    assert backend.conductor_format == fmt              # the refusal leaves the contract in place
     assert not (Path(tiny) / FORMAT_FILE).exists()
 
 
@@ -84,15 +85,16 @@ def test_only_the_grammars_choices_are_trained(tiny, tmp_path):
     """Under a decoding contract most completion tokens are forced (a vocabulary subtask after its first
     token, brackets, quotes): the loss sees exactly the choices, 3 per step of a workflow (worker, subtask,
     and "another step?" / the access list), and a GRPO step on real grammar-decoded samples counts them."""
+    from conductor.decoding.vocabulary import choice_positions
     from conductor.learning.grpo.config import GRPOConfig
     from conductor.learning.grpo.trainer import grpo_step
-    from conductor.policy.transformers_backend import TransformersBackend, choice_positions
+    from conductor.policy.transformers_backend import TransformersBackend
 
     fmt = ConductorFormat(max_steps=2)
     base = formatted_base(str(tiny), fmt, tmp_path / "base")
     backend = TransformersBackend.load(base, batch_size=4)
-    prompt = _prompts()[1]
-    gens = backend.generate([prompt], 4, GenerationParams(temperature=1.0, max_tokens=400, seed=5))[0]
+    prompt = _prompt(4)
+    gens = backend.generate([prompt], 4, GenerationParams(temperature=1.0, max_tokens=400, seed=5, n_workers=4))[0]
     for g in gens:
         wf = parse_workflow(g.text, n_workers=4, max_steps=2)
         choice = choice_positions(backend.llguidance_tokenizer(), fmt.grammar(4), g.token_ids)
@@ -103,7 +105,8 @@ def test_only_the_grammars_choices_are_trained(tiny, tmp_path):
     bad = backend.tokenizer("model_id = [9]", add_special_tokens=False)["input_ids"]
     assert choice_positions(backend.llguidance_tokenizer(), fmt.grammar(4), bad)[-1] is True
     group = rollout("r", "q", [1.0, 0.0, 0.5, 1.0], completions=[g.text for g in gens], prompt=prompt,
-                    token_ids=[g.token_ids for g in gens], logprobs=[g.logprobs for g in gens])
+                    token_ids=[g.token_ids for g in gens], logprobs=[g.logprobs for g in gens],
+                    subpool=[f"w{i}" for i in range(4)])
     _, m = grpo_step(str(base), group, GRPOConfig.cpu(total_iterations=1, max_completion_tokens=1024), out=str(tmp_path / "it1"))
     assert m["n_choice_tokens"] == sum(3 * len(parse_workflow(g.text, n_workers=4, max_steps=2).steps) for g in gens)
     assert m["n_tokens"] == sum(len(g.token_ids) for g in gens) > 4 * m["n_choice_tokens"]

@@ -161,19 +161,21 @@ def _lake_with_a_rollout(tmp_path: Path) -> str:
 def test_train_flow_runs_the_sharded_step_under_torchrun_and_registers_it(tmp_path):
     pytest.importorskip("trl")
     pytest.importorskip("prefect")
+    from conductor.run.config import TrainConfig
     from flows.train import train_flow
 
     base = tiny_checkpoint(tmp_path / "base")
     lake = _lake_with_a_rollout(tmp_path)
     cfg = GRPOConfig.cpu(learning_rate=LR, total_iterations=2, micro_batch_size=2, distributed="fsdp")
-    res = train_flow(base=str(base), lake=lake, run_id="flow-run", out=str(tmp_path / "it1"), checkpoint_id="it1",
-                     registry=str(tmp_path / "reg"), config=cfg.to_json(), nproc_per_node=2)
+    res = train_flow(TrainConfig(base=str(base), lake=lake, run_id="flow-run", out=str(tmp_path / "it1"),
+                                 checkpoint_id="it1", registry=str(tmp_path / "reg"), grpo=cfg.to_json(),
+                                 nproc_per_node=2))
     lin = json.loads((tmp_path / "it1" / "lineage.json").read_text())
-    assert res["uri"] == str(tmp_path / "it1") and res["metrics"] == lin["metrics"]
+    assert res.uri == str(tmp_path / "it1") and res.metrics == lin["metrics"]
     assert (lin["world_size"], lin["distributed"], lin["checkpoint_id"], lin["rollout_run"]) == (2, "fsdp", "it1",
                                                                                                   "flow-run")
-    assert json.loads((tmp_path / "reg" / "registry.json").read_text())["checkpoints"]["it1"]["uri"] == res["uri"]
+    assert json.loads((tmp_path / "reg" / "registry.json").read_text())["checkpoints"]["it1"]["uri"] == res.uri
     with pytest.raises(Exception, match=r"torchrun train-step \(2 processes\) failed: .*distributed is 'none'"):
-        train_flow(base=str(base), lake=lake, run_id="flow-run", out=str(tmp_path / "it1-none"), checkpoint_id="x",
-                   config=GRPOConfig.cpu().to_json(), nproc_per_node=2)
+        train_flow(TrainConfig(base=str(base), lake=lake, run_id="flow-run", out=str(tmp_path / "it1-none"),
+                               checkpoint_id="x", grpo=GRPOConfig.cpu().to_json(), nproc_per_node=2))
     assert not (tmp_path / "it1-none").exists()

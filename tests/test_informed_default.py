@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from conductor.decoding.grammar import workflow_grammar
 from conductor.execution.cache import ResponseCache
-from conductor.grammar import workflow_grammar
 from conductor.parser import parse_workflow
 from conductor.policy.base import Generation, GenerationParams
 from conductor.policy.cached import CachedPolicy

@@ -186,7 +186,7 @@ def test_answer_rerun_after_compaction_redoes_nothing(tmp_path: Path) -> None:
     assert len(compacted) == 2 and all(n.startswith("compact-") for n in compacted)
     s2 = answer_flow(AnswerConfig(**kw))
     assert _files(lake) + _files(lake, "calls") == compacted       # no shard was written again
-    assert s2["trajectories"] == s1["trajectories"] == 7 and s2["accuracy"] == s1["accuracy"]
+    assert s2.trajectories == s1.trajectories == 7 and s2.accuracy == s1.accuracy
 
 
 def test_compaction_on_s3(tmp_path: Path) -> None:

@@ -118,21 +118,25 @@ def test_train_flow_logs_the_step_to_mlflow_once(tiny, tmp_path, monkeypatch):
     pytest.importorskip("prefect")
     monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from conductor.lake.writer import write_shard
+    from conductor.run.config import TrainConfig
     from flows.train import train_flow
 
     lake = str(tmp_path / "lake")
     write_shard(lake, _with_calls(rollout("roll-1", "q1", [1.0, 0.0, 0.5]), ["a", "b", "a"]), "s0")
     uri = (tmp_path / "mlruns").as_uri()
     cfg = GRPOConfig.cpu(learning_rate=1e-3, total_iterations=2, track_kl=True).to_json()
-    kw = dict(base=str(tiny), lake=lake, run_id="roll-1", out=str(tmp_path / "ck1"), checkpoint_id="ck1", config=cfg,
+    kw = dict(base=str(tiny), lake=lake, run_id="roll-1", out=str(tmp_path / "ck1"), checkpoint_id="ck1", grpo=cfg,
               tracking={"uri": uri, "experiment": "nightly", "run_name": "night"}, step=1)
-    res = train_flow(**kw)
-    run_id = res["mlflow_run_id"]
+    res = train_flow(TrainConfig(**kw))
+    assert not res.resumed and res.loss is not None and math.isfinite(res.loss)
+    run_id = res.mlflow_run_id
     hist = _client(uri).get_metric_history(run_id, "loss")
     assert [m.step for m in hist] == [1] and math.isfinite(hist[0].value)
     assert _client(uri).get_run(run_id).data.params["grpo.learning_rate"] == "0.001"
     assert _client(uri).get_run(run_id).data.metrics["worker_share/a"] == pytest.approx(2 / 3, abs=1e-4)
     # the rerun finds the checkpoint saved and logs nothing twice into the same run
-    again = train_flow(**{**kw, "tracking": {"uri": uri, "run_id": run_id}})
-    assert again["resumed"] and again["mlflow_run_id"] == run_id
+    again = train_flow(TrainConfig(**{**kw, "tracking": {"uri": uri, "run_id": run_id}}))
+    assert again.resumed and again.mlflow_run_id == run_id and again.metrics == res.metrics
+    assert again.to_json() == {"uri": str(tmp_path / "ck1"), "checkpoint_id": "ck1", "metrics": res.metrics,
+                               "resumed": True, "mlflow_run_id": run_id}
     assert len(_client(uri).get_metric_history(run_id, "loss")) == 1

@@ -68,9 +68,9 @@ def test_iterations_walk_the_training_mix_from_the_current_checkpoint(tmp_path):
     cfg = config(tmp_path, night="t1", questions_per_iteration=3, seed=5, backend="vllm", k=2, limits="sqlite:x")
     night = plan_night(cfg)
     r0, r1 = (iteration_rollout(cfg, night, i, f"/ck/{i}", f"c{i}") for i in (0, 1))
-    assert (r0.run_id, r0.offset, r0.limit, r0.seed, r0.conductor) == ("nightly-t1-it0", 0, 3, 5, "vllm:/ck/0")
+    assert (r0.run_id, r0.offset, r0.limit, r0.seed, str(r0.conductor)) == ("nightly-t1-it0", 0, 3, 5, "vllm:/ck/0")
     assert (r1.run_id, r1.offset, r1.seed, r1.checkpoint_id) == ("nightly-t1-it1", 3, 6, "c1")
-    assert (r1.kind, r1.lake, r1.cache, r1.group_size, r1.k, r1.limits) == (
+    assert (r1.kind, r1.lake, r1.cache, r1.group_size, r1.k, str(r1.limits)) == (
         "rollout", night.lake, night.cache, cfg.group_size, 2, "sqlite:x")
 
 
@@ -79,7 +79,7 @@ def test_baselines_are_one_eval_run_per_worker_with_stable_ids(tmp_path):
     pool = load_pool(SIM_POOL)
     runs = baseline_rollouts(cfg, plan_night(cfg), pool)
     assert [name for name, _ in runs] == [w.name for w in pool.workers]
-    assert all(r.kind == "eval" and r.conductor == f"fixed:{i}" and r.group_size == 3 and r.limit == 2
+    assert all(r.kind == "eval" and str(r.conductor) == f"fixed:{i}" and r.group_size == 3 and r.limit == 2
                for i, (_, r) in enumerate(runs))
     assert len({r.run_id for _, r in runs}) == len(runs)
     assert [r.run_id for _, r in baseline_rollouts(cfg, plan_night(cfg), pool)] == [r.run_id for _, r in runs]

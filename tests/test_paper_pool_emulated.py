@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conductor.workers.emulator import Emulator, EmulatorConfig
+from conductor.testing.emulator import Emulator, EmulatorConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW = ('Solve, check, verify, then answer.\n'

@@ -38,12 +38,13 @@ def test_corpus(case):
 # ---------------------------------------------------------------- properties
 
 subtask_text = st.text(
-    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=80
+    alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=80
 ).filter(lambda s: s.strip() == s and s.strip() != "")
 tricky_subtask = st.one_of(
     subtask_text,
     st.sampled_from(['say "hi" [now]', "it's = [0]", "model_id = [1]", "a\nb\n[c]", "“quoted” ‘x’", "back\\slash",
-                     "access_list = [['all']]", "tab\there", "</think> done", "```code```"]),
+                     "access_list = [['all']]", "tab\there", "</think> done", "```code```", "nul\x00 esc\x1b del\x7f",
+                     "line\u2028sep\u2029para\x85nel"]),
 )
 
 
@@ -58,11 +59,6 @@ def workflows(draw, max_workers=7, fine=True):
             access = draw(st.sampled_from([ALL, ()]))
         steps.append(Step(draw(st.integers(0, max_workers - 1)), draw(tricky_subtask), access))
     return Workflow(tuple(steps))
-
-
-def _normalised(wf: Workflow) -> Workflow:
-    # "all" at position 0 and () both mean "sees nothing"; the parser keeps what was written.
-    return wf
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from conductor.policy.base import Generation, GenerationParams
-from conductor.workers.emulator import Emulator
+from conductor.testing.emulator import Emulator
 from conductor.workers.pool import Worker
 from conductor.workers.providers.base import Message, ProviderError, make_provider
 from conductor.workers.providers.conductor import bind_conductor, unbind_conductor

@@ -232,10 +232,10 @@ def test_answer_flow_with_a_python_worker_records_free_calls(tmp_path):
                              for i in range(3)))
     s = answer_flow(AnswerConfig(questions=str(qfile), out=str(tmp_path / "out"), pool=str(pool), conductor=f"fixed:{PY}",
                                  show_progress=False))
-    assert s["trajectories"] == 3 and s["infra_failures"] == 0 and s["parse_failures"] == 0
-    assert s["dollars_per_question"] == 0 and s["tokens_per_question"] == 0
+    assert s.trajectories == 3 and s.infra_failures == 0 and s.parse_failures == 0
+    assert s.dollars_per_question == 0 and s.tokens_per_question == 0
     from conductor.lake.reader import scan
-    calls = scan(s["lake"], "calls").collect()
+    calls = scan(s.lake, "calls").collect()
     assert calls.height == 3 and set(calls["provider"]) == {"python"}
     assert calls["cost_usd"].sum() == 0 and (calls["response"] == NO_CODE).all()
     assert pl.read_ndjson(tmp_path / "out" / "answers.jsonl").height == 3

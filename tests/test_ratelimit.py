@@ -13,7 +13,7 @@ from conductor.execution.executor import Executor
 from conductor.execution.ratelimit import Bucket, KeyLimiter, RateLimiter
 from conductor.execution.recursion import run_batch
 from conductor.execution.retry import RetryPolicy
-from conductor.workers.emulator import Emulator
+from conductor.testing.emulator import Emulator
 from conductor.workers.pool import Limits, Pool
 from conductor.workers.providers.base import ProviderError
 from tests.fixtures_emulator import emu, emulator, lists, make_traj, worker  # noqa: F401

@@ -17,8 +17,8 @@ import pytest
 from conductor.execution.executor import Executor
 from conductor.execution.ratelimit import RateLimiter
 from conductor.execution.retry import RetryPolicy
+from conductor.testing.emulator import Emulator
 from conductor.trajectory import CallRecord
-from conductor.workers.emulator import Emulator
 from conductor.workers.pool import Pool, PoolError, load_pool
 from conductor.workers.providers.base import Message, ProviderError
 from tests.fixtures_emulator import emu, emulator, worker  # noqa: F401

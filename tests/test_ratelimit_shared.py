@@ -21,7 +21,7 @@ from conductor.execution.executor import Executor
 from conductor.execution.ratelimit import RateLimiter
 from conductor.execution.recursion import run_batch
 from conductor.execution.shared_limits import Lease, SQLiteLimits, open_shared
-from conductor.workers.emulator import Emulator
+from conductor.testing.emulator import Emulator
 from conductor.workers.pool import Limits, Pool
 from tests.fixtures_emulator import emu, emulator, lists, make_traj, worker  # noqa: F401
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from conductor.execution.executor import Executor
 from conductor.execution.recursion import run_batch
 from conductor.policy.base import Generation
-from conductor.workers.emulator import Emulator
+from conductor.testing.emulator import Emulator
 from tests.fixtures_emulator import emu, emulator, lists, make_traj, three_provider_pool  # noqa: F401
 
 ROOT_WF = lists([0, 1, 2], ["Solve.", "Solve independently.", "Pick the better answer."], [[], [], ["all"]])

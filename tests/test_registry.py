@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from conductor.learning.evaluation import EvalRow, compare
+from conductor.learning.evaluation import compare
 from conductor.learning.registry import CHALLENGER, CHAMPION, PromotionPolicy, Registry, RegistryError, decide
+from conductor.stats.paired import EvalRow
 
 
 def rows(acc: dict[str, float], seed: int, n_q: int = 120, repeats: int = 2) -> list[EvalRow]:

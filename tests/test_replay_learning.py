@@ -50,8 +50,8 @@ def test_objective_settings_are_checked_once_with_one_line() -> None:
 def test_nightly_on_the_replay_pool_checks_headroom_trains_for_cost_promotes_and_answers(tiny, tmp_path, recordings,
                                                                                          monkeypatch):
     pytest.importorskip("prefect")
+    from conductor.decoding.contract import ConductorFormat
     from conductor.lake.reader import load_trajectories, scan
-    from conductor.learning.grpo.format import ConductorFormat
     from conductor.learning.registry import Registry
     from conductor.run.config import NightlyConfig
     from flows.nightly import nightly_flow

@@ -64,8 +64,8 @@ def test_a_bad_given_value_names_its_flag():
         AnswerConfig.build(given={"questions": "q", "out": "o", "temperature": float("nan")},
                            flags={"temperature": "--temperature"})
     with pytest.raises(ConfigError, match="^--kind: Input should be 'rollout' or 'eval'"):
-        RolloutConfig.build(given={"questions": "q", "lake": "l", "pool": "p", "conductor": "c", "run_id": "r",
-                                   "kind": "answer"})
+        RolloutConfig.build(given={"questions": "q", "lake": "l", "pool": "p", "conductor": "fixed:0",
+                                   "run_id": "r", "kind": "answer"})
 
 
 def test_the_settings_key_hashes_what_defines_the_run_and_only_that():

@@ -51,8 +51,8 @@ def answer(questions, out, spec, max_steps=5, pool=SIM_POOL, cache=None):
 
 
 def lake_rows(summary):
-    traj = scan(summary["lake"], run_id=summary["run_id"]).collect().sort("question_id")
-    calls = scan(summary["lake"], "calls", run_id=summary["run_id"]).collect().sort(["question_id", "step"])
+    traj = scan(summary.lake, run_id=summary.run_id).collect().sort("question_id")
+    calls = scan(summary.lake, "calls", run_id=summary.run_id).collect().sort(["question_id", "step"])
     return traj, calls
 
 
@@ -60,7 +60,7 @@ def lake_rows(summary):
 
 def test_self_consistency_samples_are_distinct_calls_and_the_vote_picks_the_majority(tmp_path, questions_file):
     s = answer(questions_file, tmp_path / "sc", "sc:0:5", max_steps=6)
-    assert s["parse_failures"] == 0 and s["infra_failures"] == 0 and s["calls_per_question"] == 6
+    assert s.parse_failures == 0 and s.infra_failures == 0 and s.calls_per_question == 6
     traj, calls = lake_rows(s)
     assert traj["subpool"][0].to_list()[-1] == VOTE_WORKER and set(traj["checkpoint_id"]) == {"sc:0:5"}
     for qid, group in calls.group_by("question_id"):
@@ -92,7 +92,7 @@ def test_the_first_self_consistency_sample_is_the_single_worker_call(tmp_path, q
 
 def test_mixture_of_agents_proposers_then_aggregator_over_all(tmp_path, questions_file):
     s = answer(questions_file, tmp_path / "moa", "moa:0+1+3:2")
-    assert s["parse_failures"] == 0 and s["calls_per_question"] == 4
+    assert s.parse_failures == 0 and s.calls_per_question == 4
     traj, calls = lake_rows(s)
     steps = traj["steps"][0].to_list()
     assert [st["worker"] for st in steps] == [0, 1, 3, 2]
@@ -107,7 +107,7 @@ def test_random_workflows_run_and_are_reproducible(tmp_path, questions_file):
     again = answer(questions_file, tmp_path / "r2", "random:3")
     other = answer(questions_file, tmp_path / "r3", "random:4")
     t1, t2, t3 = (lake_rows(x)[0] for x in (s, again, other))
-    assert s["parse_failures"] == 0 and s["infra_failures"] == 0
+    assert s.parse_failures == 0 and s.infra_failures == 0
     assert t1["completion"].to_list() == t2["completion"].to_list()
     assert t1["completion"].to_list() != t3["completion"].to_list()
     assert t1["n_steps"].n_unique() > 1 or t3["n_steps"].n_unique() > 1
@@ -201,10 +201,10 @@ workers:
     q = tmp_path / "q1.jsonl"
     q.write_text(json.dumps({"id": "q1", "question": "What is 2 + 3?", "answer": "5"}) + "\n")
     s = answer(q, tmp_path / "smol", "sc:0:3", max_steps=4, pool=str(pool))
-    assert s["parse_failures"] == 0 and s["infra_failures"] == 0 and s["calls_per_question"] == 4
+    assert s.parse_failures == 0 and s.infra_failures == 0 and s.calls_per_question == 4
     traj, calls = lake_rows(s)
     samples = calls.filter(pl.col("provider") == "local")
     assert samples.height == 3 and samples["messages_hash"].n_unique() == 3 and (samples["output_tokens"] > 0).all()
     assert traj["final_answer"].item() in samples["response"].to_list()
     r = answer(q, tmp_path / "smol-random", "random:1:3", max_steps=3, pool=str(pool))
-    assert r["parse_failures"] == 0 and r["infra_failures"] == 0
+    assert r.parse_failures == 0 and r.infra_failures == 0

@@ -162,8 +162,8 @@ def _run_all(plan: list[tuple[str, str, int]], questions: str, out: Path, lake: 
         start = time.perf_counter()
         summary = answer_flow(AnswerConfig(questions=questions, out=str(out / "runs" / _slug(label)), pool=str(pool),
                                            conductor=spec, lake=lake, max_steps=steps, show_progress=False,
-                                           **kw))  # type: ignore[arg-type]
-        labelled.append((label, summary["run_id"]))
-        if summary.get("answered_now") == summary["questions"]:
-            elapsed[summary["run_id"]] = time.perf_counter() - start
+                                           **kw))
+        labelled.append((label, summary.run_id))
+        if summary.answered_now == summary.questions:
+            elapsed[summary.run_id] = time.perf_counter() - start
     return labelled, elapsed

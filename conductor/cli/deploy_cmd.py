@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import cast
 
 import typer
 
@@ -128,10 +129,12 @@ def run_cmd(name: str = typer.Argument(..., help="Deployment name, e.g. schedule
         flow_name = load_flow(specs[name]).name
     except DeploymentConfigError as e:
         fail(str(e))
+    from prefect.client.schemas.objects import FlowRun
     from prefect.deployments import run_deployment
 
-    try:
-        run = run_deployment(f"{flow_name}/{name}", parameters=params or None, timeout=timeout if wait else 0)
+    try:   # called outside an event loop, so it runs synchronously (its type says "or a coroutine")
+        run = cast(FlowRun, run_deployment(f"{flow_name}/{name}", parameters=params or None,
+                                           timeout=timeout if wait else 0))
     except Exception as e:
         fail(f"cannot run {flow_name}/{name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
     state = run.state.name if run.state else "unknown"

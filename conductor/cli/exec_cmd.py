@@ -17,7 +17,10 @@ def emulator(port: int = typer.Option(8765, help="Port on 127.0.0.1."),
              rpm: float = typer.Option(None, help="Enforce this requests/min per model (429 beyond it)."),
              config: Path = typer.Option(None, help="JSON file of emulator settings (faults, scripted replies).")) -> None:
     """Serve the OpenAI / Anthropic / Gemini provider emulator on 127.0.0.1 (for tests, benches, dry runs)."""
-    from conductor.workers.emulator import main
+    try:   # a test double (conductor.testing), imported only here; it needs the dev extra
+        from conductor.testing.emulator import main
+    except ModuleNotFoundError as e:
+        fail(f"the provider emulator needs {e.name}: pip install 'conductor-orchestra[dev]'")
 
     if config is not None and not config.is_file():
         fail(f"{config}: no such emulator config file")

@@ -7,7 +7,6 @@ from a lake, or runs them first through compare's machinery, and writes the head
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,6 @@ import typer
 from conductor.cli import app, fail
 from conductor.run.config import DEFAULT_POOL
 
-_FIXED = re.compile(r"fixed:(\d+)")
 _LAKE_COLUMNS = ("question_id", "dataset", "domain", "question", "sample_index", "correct", "infra_failed",
                  "cost_usd", "subpool")
 
@@ -32,6 +30,17 @@ def _key(row: dict[str, Any]) -> str:
     return f"{row['dataset']}:{row['question_id']}"
 
 
+def _fixed_worker(label: str) -> int | None:
+    """The worker of a ``fixed:I`` run label (``#2`` marks a repeated label); None for any other label."""
+    from conductor.policy.spec import ConductorSpecError, FixedSpec, parse_conductor_spec
+
+    try:
+        spec = parse_conductor_spec(label.partition("#")[0])
+    except ConductorSpecError:
+        return None
+    return spec.worker if isinstance(spec, FixedSpec) else None
+
+
 def single_worker_runs(labelled: list[tuple[str, str]]) -> tuple[list[tuple[int, str, str]], list[str]]:
     """(worker ordinal, label, run id) of each ``fixed:i`` run, the first run of each ordinal; notes on the rest.
 
@@ -41,10 +50,9 @@ def single_worker_runs(labelled: list[tuple[str, str]]) -> tuple[list[tuple[int,
     picked: dict[int, tuple[int, str, str]] = {}
     notes = []
     for label, run_id in labelled:
-        m = _FIXED.fullmatch(label.partition("#")[0])
-        if not m:
+        i = _fixed_worker(label)
+        if i is None:
             continue
-        i = int(m.group(1))
         if i in picked:
             notes.append(f"ignored run {run_id} ({label}): fixed:{i} already read from run {picked[i][2]}")
             continue

@@ -1,27 +1,109 @@
 """A run configuration from a command's options and ``--config FILE``: the options typed on the command line
-override the file, the file overrides the configuration's defaults (conductor/run/config.py)."""
+override the file, the file overrides the configuration's defaults (conductor/run/config.py).
+
+WHY the options are generated: each setting is named once, as a field of the configuration model (its name,
+default, bounds and ``description``); ``config_options`` turns the fields into the command's typer options, the
+way TRL's ``TrlParser`` turns dataclass fields into argparse options, so an option, its shown default, its help
+and the YAML field can never drift apart (docs/run-config.md)."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
-from collections.abc import Mapping
+import types
+import typing
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+import annotated_types
 import typer
+from pydantic.fields import FieldInfo
 
 from conductor.cli import fail
 from conductor.run.config import ConfigError, RunConfig
 
 C = TypeVar("C", bound=RunConfig)
+F = TypeVar("F", bound=Callable[..., Any])
 
 CONFIG_HELP = ("A YAML run configuration (docs/run-config.md); options given on the command line override its "
                "values.")
 
+_SCALARS = (bool, int, float, str)
 
-def default(cls: type[RunConfig], name: str) -> Any:
-    """The configuration's default for a field, so an option's shown default is the one the run uses."""
-    return cls.model_fields[name].default
+
+def config_options(cls: type[RunConfig], *, argument: str | None = None, flags: Mapping[str, str] | None = None,
+                   exclude: Collection[str] = ()) -> Callable[[F], F]:
+    """Decorate a typer command so its parameters are ``cls``'s fields, then the function's own parameters.
+
+    The function takes ``**options`` for the generated ones (field name -> value; pass them to
+    ``build_config``). ``argument``: the field given positionally; ``flags``: a field's option
+    declaration when it is not ``--field-name`` (``"--batch-poll"``, ``"--constrained/--free"``; a boolean that
+    defaults to true gets ``--name/--no-name``); ``exclude``:
+    fields only a ``--config`` file sets. Fields that hold a mapping or a list are never options (a command
+    declares its own, e.g. ``--grpo JSON``); any other non-scalar type (a typed spec) is typed as text."""
+
+    def wrap(fn: F) -> F:
+        own = list(inspect.signature(fn, eval_str=True).parameters.values())
+        head = [p for p in own if p.annotation is typer.Context]
+        tail = [p for p in own if p.annotation is not typer.Context and p.kind is not inspect.Parameter.VAR_KEYWORD]
+        generated = [option_parameter(name, field, argument=name == argument, decl=(flags or {}).get(name))
+                     for name, field in cls.model_fields.items()
+                     if name not in exclude and cli_type(field.annotation) is not None]
+
+        @functools.wraps(fn)
+        def command(**kwargs: Any) -> Any:
+            return fn(**kwargs)
+
+        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in (*head, *generated, *tail)]
+        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command  # type: ignore[return-value]
+
+    return wrap
+
+
+def option_parameter(name: str, field: FieldInfo, *, argument: bool = False, decl: str | None = None) -> inspect.Parameter:
+    """One typer parameter from a configuration field: its default, ``min`` from ``ge``, help from ``description``.
+
+    A required field defaults to None on the command line: the value may come from ``--config``, and the model
+    says it is missing when neither gives it."""
+    required = field.is_required()
+    default = None if required else field.default
+    if not isinstance(default, (*_SCALARS, type(None))):
+        default = str(default)          # a typed value (a conductor spec): its text, which the model parses back
+    flag = "--" + name.replace("_", "-")
+    if decl is None and default is True:
+        decl = f"{flag}/--no-{flag[2:]}"   # a flag that is on by default can be turned off
+    text = field.description or ""
+    if required:
+        text = f"{text.rstrip('.')} (or `{name}:` in --config).".strip()
+    if argument:
+        info = typer.Argument(default, show_default=False, help=text)
+    else:
+        bounds = [m.ge for m in field.metadata if isinstance(m, annotated_types.Ge)]
+        minimum = bounds[0] if bounds and isinstance(bounds[0], (int, float)) else None
+        info = typer.Option(default, decl or flag, help=text or None, min=minimum,
+                            show_default=not required)
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=cli_type(field.annotation))
+
+
+def cli_type(annotation: Any) -> type | None:
+    """The command-line type of a field: its scalar type (``int | None`` -> int); None for a mapping or list (not
+    an option); text for anything else, which the model parses.
+
+    >>> cli_type(int | None), cli_type(bool), cli_type(dict[str, int] | None), cli_type(list[str])
+    (<class 'int'>, <class 'bool'>, None, None)
+    """
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        annotation = args[0]
+    if annotation in _SCALARS:
+        return annotation
+    if typing.get_origin(annotation) in (dict, list, tuple, set, Mapping) or annotation in (dict, list):
+        return None
+    return str
 
 
 def build_config(cls: type[C], ctx: typer.Context, config: Path | None, values: Mapping[str, Any],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -37,6 +38,8 @@ def serve(pool: Path = typer.Option(..., "--pool", help="Pool manifest the condu
     """Serve the conductor behind /v1/chat/completions, /v1/responses, /v1/models, /health and /metrics."""
     import logging
 
+    from pydantic import ValidationError
+
     from conductor.policy.strategies import StrategyError, check_strategy, strategy_pool
     from conductor.serve.config import ServeConfig
     from conductor.workers.pool import PoolError, load_pool
@@ -48,12 +51,17 @@ def serve(pool: Path = typer.Option(..., "--pool", help="Pool manifest the condu
         check_strategy(conductor, strategy_pool(conductor, manifest), max_steps)
     except (PoolError, StrategyError) as e:
         fail(str(e))
-    cfg = ServeConfig(pool=str(pool), conductor=conductor, registry=registry, reload_s=reload_s, lake=lake,
-                      store_text=store_text, limits=limits, client_limits=client_limits,
-                      keys_file=str(keys_file) if keys_file else None, key_rpm=key_rpm or None,
-                      key_concurrency=key_concurrency, max_steps=max_steps, max_cost=max_cost,
-                      recursion_depth=recursion_depth, max_input_chars=max_input_chars, cache=cache,
-                      run_id=run_id, fewshot=fewshot)
+    try:   # the conductor spec, few-shot setting and limits store are parsed here, once
+        text: dict[str, Any] = {"conductor": conductor, "limits": limits, "fewshot": fewshot}   # parsed by the config
+        cfg = ServeConfig(pool=str(pool), registry=registry, reload_s=reload_s, lake=lake,
+                          store_text=store_text, client_limits=client_limits,
+                          keys_file=str(keys_file) if keys_file else None, key_rpm=key_rpm or None,
+                          key_concurrency=key_concurrency, max_steps=max_steps, max_cost=max_cost,
+                          recursion_depth=recursion_depth, max_input_chars=max_input_chars, cache=cache,
+                          run_id=run_id, **text)
+    except ValidationError as e:
+        err = e.errors()[0]
+        fail(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg'].removeprefix('Value error, ')}")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         run_server(cfg, host, port, log_level)

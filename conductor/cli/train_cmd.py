@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 
@@ -43,7 +44,7 @@ def _registry(root: str | None, create: bool = False):
         fail(f"registry {root}: {e}")
 
 
-def _fail(message: str) -> typer.Exit:
+def _fail(message: str) -> NoReturn:
     """``fail`` on rank 0 only: under ``torchrun`` every rank meets the same error, one line is enough."""
     from conductor.learning.grpo.distributed import world
 
@@ -153,9 +154,9 @@ def eval_compare(
     except ValueError as e:
         fail(str(e))
     if out is not None:
-        tmp = out.with_suffix(out.suffix + ".tmp")
-        tmp.write_text(report.dumps())
-        tmp.replace(out)
+        from conductor.files import atomic_write_text
+
+        atomic_write_text(out, report.dumps())
     typer.echo(report.render())
 
 

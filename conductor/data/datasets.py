@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conductor.data.questions import ANSWER_INSTRUCTIONS, LETTERS, Question, mcq_prompt, with_instruction
+from conductor.data.questions import ANSWER_INSTRUCTIONS, LETTERS, Domain, Question, mcq_prompt, with_instruction
 from conductor.resources import project_root
 
 
@@ -436,14 +436,14 @@ class ColumnMap:
     domain: str | None = "domain"        # column holding a per-row domain ("kind" when the file has no "domain")
 
 
-_KIND_DOMAINS = {"math": "math", "numeric": "math", "mcq": "mcq", "code": "code", "exact": "free", "free": "free"}
+_KIND_DOMAINS: dict[str, Domain] = {"math": "math", "numeric": "math", "mcq": "mcq", "code": "code", "exact": "free", "free": "free"}
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 _QUESTION_ALIASES = ("question", "problem", "prompt", "input")
 
 
-def load_file(path: str | os.PathLike[str], *, dataset: str | None = None, domain: str = "free",
+def load_file(path: str | os.PathLike[str], *, dataset: str | None = None, domain: Domain = "free",
               columns: ColumnMap | dict[str, Any] | None = None, split: str = "", fmt: str | None = None,
               instruction: str | None = None, limit: int | None = None) -> list[Question]:
     """Questions from any JSONL/CSV/Parquet file (local path or fsspec URL such as ``s3://``).
@@ -458,71 +458,26 @@ def load_file(path: str | os.PathLike[str], *, dataset: str | None = None, domai
         seen: set[str] = set()
         for i, (lineno, row) in enumerate(iter_rows(path, fmt)):
             where = f"{path}:{lineno}"
-            qcol = cols.question
-            if qcol not in row and qcol == "question":
-                qcol = next((a for a in _QUESTION_ALIASES if a in row), qcol)
-            text = row.get(qcol)
-            if text is None or not str(text).strip():
-                raise DatasetError(f"{where}: missing or empty field {qcol!r}")
-            for col in (qcol, cols.id, cols.answer):   # a list or object would be stringified and graded
-                if col and isinstance(row.get(col), (list, dict, tuple)):
-                    raise DatasetError(f"{where}: field {col!r} must be text or a number, "
-                                       f"not a {type(row[col]).__name__}")
-            for col in (qcol, cols.id, cols.answer, cols.choices, cols.tests, cols.entry_point):
-                value = row.get(col) if col else None
-                try:   # JSON's "\ud800" escape: a lone surrogate no provider, file or cache can hold
-                    json.dumps(value, ensure_ascii=False).encode("utf-8")
-                except UnicodeEncodeError:
-                    raise DatasetError(f"{where}: field {col!r} holds a lone surrogate (not valid Unicode text)") from None
+            qcol, text = _row_text(row, cols, where)
             qid_raw = row.get(cols.id) if cols.id else None
             # the user's own id when the file has one (answers go back under it), else a stable positional id
             qid = str(qid_raw) if qid_raw not in (None, "") else f"{dataset}/{split or 'all'}/{i}"
             if qid in seen:
                 raise DatasetError(f"{where}: duplicate id {qid!r}")
             seen.add(qid)
-            dom = _row_domain(row, cols, domain, where)
+            dom, tests, entry = _row_code(row, cols, _row_domain(row, cols, domain, where), where)
             gold = row.get(cols.answer) if cols.answer else None
-            tests = row.get(cols.tests) if cols.tests else None
-            if tests is None and cols.tests == "tests":
-                tests = row.get("test")   # HumanEval's own spelling
-            if tests in ("", []):
-                tests = None
-            if isinstance(tests, str) and tests.lstrip().startswith("["):
-                try:
-                    tests = json.loads(tests)
-                except json.JSONDecodeError:
-                    raise DatasetError(f"{where}: field {cols.tests!r} is not valid JSON") from None
-            entry = row.get(cols.entry_point) if cols.entry_point else None
-            if tests is not None:
-                if dom not in ("code", "free") or (dom == "free" and cols.domain and row.get(cols.domain)):
-                    raise DatasetError(f"{where}: field {cols.tests!r} is given but the domain is {dom!r}, not 'code'")
-                dom = "code"
-                _check_tests(tests, entry, cols, where)
-            elif dom == "code":
-                raise DatasetError(f"{where}: domain 'code' needs field {cols.tests!r}")
-            elif entry not in (None, ""):
-                raise DatasetError(f"{where}: field {cols.entry_point!r} is given without {cols.tests!r}")
             meta: dict[str, Any] = {"row": i}
             try:
-                if cols.choices and row.get(cols.choices) not in (None, ""):
-                    if dom not in ("mcq", "free") or (dom == "free" and cols.domain and row.get(cols.domain)):
-                        raise DatasetError(f"{where}: field {cols.choices!r} is given but the domain is {dom!r}, "
-                                           "not 'mcq'")
-                    choices = row.get(cols.choices)
-                    if isinstance(choices, str):
-                        choices = json.loads(choices)
-                    if not isinstance(choices, list) or len(choices) < 2:
-                        raise DatasetError(f"{where}: field {cols.choices!r} must be a list of >= 2 options")
-                    choices = [str(c) for c in choices]
+                choices = _row_choices(row, cols, dom, where)
+                if choices is not None:
                     letter = gold_letter(gold, choices, where) if gold not in (None, "") else None
                     yield Question(id=qid, dataset=dataset, domain="mcq",
-                                   prompt=mcq_prompt(str(text), choices, instruction), gold=letter,
+                                   prompt=mcq_prompt(text, choices, instruction), gold=letter,
                                    source=str(path), split=split, metadata={**meta, "grader": "mcq", "choices": choices})
                     continue
-                if dom == "mcq":
-                    raise DatasetError(f"{where}: domain 'mcq' needs field {cols.choices!r} (a list of >= 2 options)")
-                yield Question(id=qid, dataset=dataset, domain=dom,  # type: ignore[arg-type]
-                               prompt=with_instruction(str(text), dom, instruction) if dom in ANSWER_INSTRUCTIONS else str(text),
+                yield Question(id=qid, dataset=dataset, domain=dom,
+                               prompt=with_instruction(text, dom, instruction) if dom in ANSWER_INSTRUCTIONS else text,
                                gold=None if gold in (None, "") else str(gold), tests=tests,
                                entry_point=None if entry in (None, "") else str(entry),
                                source=str(path), split=split, metadata=meta)
@@ -535,7 +490,72 @@ def load_file(path: str | os.PathLike[str], *, dataset: str | None = None, domai
     return _limited(gen(), limit)
 
 
-def _row_domain(row: dict[str, Any], cols: ColumnMap, default: str, where: str) -> str:
+def _row_text(row: dict[str, Any], cols: ColumnMap, where: str) -> tuple[str, str]:
+    """(question column, question text) of a row, after checking that its graded fields are plain text.
+
+    The question column may be spelled ``problem``, ``prompt`` or ``input`` when the map keeps the default."""
+    qcol = cols.question
+    if qcol not in row and qcol == "question":
+        qcol = next((a for a in _QUESTION_ALIASES if a in row), qcol)
+    text = row.get(qcol)
+    if text is None or not str(text).strip():
+        raise DatasetError(f"{where}: missing or empty field {qcol!r}")
+    for col in (qcol, cols.id, cols.answer):   # a list or object would be stringified and graded
+        if col and isinstance(row.get(col), (list, dict, tuple)):
+            raise DatasetError(f"{where}: field {col!r} must be text or a number, "
+                               f"not a {type(row[col]).__name__}")
+    for col in (qcol, cols.id, cols.answer, cols.choices, cols.tests, cols.entry_point):
+        value = row.get(col) if col else None
+        try:   # JSON's "\ud800" escape: a lone surrogate no provider, file or cache can hold
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise DatasetError(f"{where}: field {col!r} holds a lone surrogate (not valid Unicode text)") from None
+    return qcol, str(text)
+
+
+def _row_code(row: dict[str, Any], cols: ColumnMap, dom: Domain, where: str) -> tuple[Domain, Any, Any]:
+    """(domain, tests, entry point) of a row: a row with tests is a code item (checked), one without is not."""
+    tests = row.get(cols.tests) if cols.tests else None
+    if tests is None and cols.tests == "tests":
+        tests = row.get("test")   # HumanEval's own spelling
+    if tests in ("", []):
+        tests = None
+    if isinstance(tests, str) and tests.lstrip().startswith("["):
+        try:
+            tests = json.loads(tests)
+        except json.JSONDecodeError:
+            raise DatasetError(f"{where}: field {cols.tests!r} is not valid JSON") from None
+    entry = row.get(cols.entry_point) if cols.entry_point else None
+    if tests is not None:
+        if dom not in ("code", "free") or (dom == "free" and cols.domain and row.get(cols.domain)):
+            raise DatasetError(f"{where}: field {cols.tests!r} is given but the domain is {dom!r}, not 'code'")
+        _check_tests(tests, entry, cols, where)
+        return "code", tests, entry
+    if dom == "code":
+        raise DatasetError(f"{where}: domain 'code' needs field {cols.tests!r}")
+    if entry not in (None, ""):
+        raise DatasetError(f"{where}: field {cols.entry_point!r} is given without {cols.tests!r}")
+    return dom, None, entry
+
+
+def _row_choices(row: dict[str, Any], cols: ColumnMap, dom: Domain, where: str) -> list[str] | None:
+    """A multiple-choice row's options (a list or a JSON string of one), None for other rows.
+    Raises json.JSONDecodeError for a choices string that is not JSON (the caller names the field)."""
+    if not (cols.choices and row.get(cols.choices) not in (None, "")):
+        if dom == "mcq":
+            raise DatasetError(f"{where}: domain 'mcq' needs field {cols.choices!r} (a list of >= 2 options)")
+        return None
+    if dom not in ("mcq", "free") or (dom == "free" and cols.domain and row.get(cols.domain)):
+        raise DatasetError(f"{where}: field {cols.choices!r} is given but the domain is {dom!r}, not 'mcq'")
+    choices = row.get(cols.choices)
+    if isinstance(choices, str):
+        choices = json.loads(choices)
+    if not isinstance(choices, list) or len(choices) < 2:
+        raise DatasetError(f"{where}: field {cols.choices!r} must be a list of >= 2 options")
+    return [str(c) for c in choices]
+
+
+def _row_domain(row: dict[str, Any], cols: ColumnMap, default: Domain, where: str) -> Domain:
     """A row's own domain (``domain``, or ``kind`` as ``conductor grade`` spells it), checked."""
     if not cols.domain:
         return default

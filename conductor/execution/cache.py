@@ -26,9 +26,10 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from conductor.execution.sqlite_wal import connect, connect_wal
+from conductor.files import atomic_path
 from conductor.workers.providers.base import Completion, Message, ProviderError
 from conductor.workers.secrets import redact
 
@@ -164,7 +165,7 @@ class ResponseCache:
             self._pool.submit(self._put, key, provider, model, completion).result()
 
     def miss_error(self, worker: Worker) -> ProviderError:
-        return ProviderError("cache_miss", f"worker {worker.name}: no cached reply in {self.path.name} "  # type: ignore[arg-type]
+        return ProviderError("cache_miss", f"worker {worker.name}: no cached reply in {self.path.name} "
                              "and the cache is in replay mode (no provider calls)")
 
     def count(self) -> int:
@@ -174,7 +175,7 @@ class ResponseCache:
         close_confined(self._pool, self._local)
 
 
-def close_confined(pool: Any, local: Any) -> None:
+def close_confined(pool: ThreadPoolExecutor, local: threading.local) -> None:
     """Close a SQLite connection that lives on ``pool``'s one thread (``local.conn``), then stop the pool.
 
     Shared by the response cache and the batch store: SQLite connections must be closed on their own thread.
@@ -246,8 +247,7 @@ def export_responses(src: str | Path, dest_gz: str | Path) -> int:
         finally:
             live.close()
             copy.close()
-        part = dest_gz.with_name(dest_gz.name + ".part")
-        with snap.open("rb") as f, gzip.open(part, "wb", compresslevel=9) as out:
+        with snap.open("rb") as f, atomic_path(dest_gz, suffix=".part") as part, \
+                gzip.open(part, "wb", compresslevel=9) as out:
             shutil.copyfileobj(f, out)
-        part.replace(dest_gz)
     return int(n)

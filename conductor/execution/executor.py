@@ -41,6 +41,7 @@ from conductor.execution.ratelimit import RateLimiter
 from conductor.execution.retry import RetryPolicy, call_with_retries, with_timeout
 from conductor.trajectory import CallRecord
 from conductor.workers.cost import call_cost
+from conductor.workers.faults import plan_faults
 from conductor.workers.providers.base import Completion, Message, Provider, ProviderError, make_provider
 from conductor.workers.providers.shared import estimate_tokens
 from conductor.workers.secrets import redact, redacting_logger
@@ -175,17 +176,12 @@ class Executor:
         who = f"worker {worker.name}"
         start = time.perf_counter()
         rec.messages_hash = messages_hash(messages)
+        faults = plan_faults(worker, messages)   # the manifest's seeded faults, applied around the real reply
         try:
-            if self.cache is None:
-                return await self._fetch(worker, messages, rec, sample_index, state, who, start, "")
-            key = cache_key(worker, messages, sample_index)
-            if not self.coalesce_identical_calls:
-                return await self._fetch(worker, messages, rec, sample_index, state, who, start, key)
-            shared = await self._reply_in_flight(key)
-            if shared is not None:
-                self.stats["coalesced"] += 1
-                return self._reuse(shared, worker, rec, state, who, start)
-            return await self._lead(key, self._fetch(worker, messages, rec, sample_index, state, who, start, key))
+            if faults is not None:
+                await faults.before(rec)
+            c = await self._reply(worker, messages, rec, sample_index, state, who, start)
+            return c if faults is None else faults.after(c, rec)
         except ProviderError as e:
             if not isinstance(e, BudgetStop):   # a spent dollar budget is the workflow's outcome, not a failure
                 self.stats["failures"] += 1
@@ -195,6 +191,20 @@ class Executor:
             rec.error_kind = e.kind
             rec.latency_s = time.perf_counter() - start
             raise
+
+    async def _reply(self, worker: Worker, messages: list[Message], rec: CallRecord, sample_index: int,
+                     state: QuestionState, who: str, start: float) -> Completion:
+        """The real reply: cached, shared with an identical call in flight, or fetched."""
+        if self.cache is None:
+            return await self._fetch(worker, messages, rec, sample_index, state, who, start, "")
+        key = cache_key(worker, messages, sample_index)
+        if not self.coalesce_identical_calls:
+            return await self._fetch(worker, messages, rec, sample_index, state, who, start, key)
+        shared = await self._reply_in_flight(key)
+        if shared is not None:
+            self.stats["coalesced"] += 1
+            return self._reuse(shared, worker, rec, state, who, start)
+        return await self._lead(key, self._fetch(worker, messages, rec, sample_index, state, who, start, key))
 
     async def _reply_in_flight(self, key: str) -> Completion | None:
         """The reply of an identical call already in flight, once it arrives; None if there is none (any more).

@@ -21,7 +21,7 @@ import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal, TypedDict, Unpack
 
 from conductor.execution.executor import Budget, Executor, QuestionState, RoundResult
 from conductor.trajectory import CallRecord, Round
@@ -30,16 +30,30 @@ from conductor.workflow import DEFAULT_MAX_STEPS, Workflow, WorkflowError
 
 if TYPE_CHECKING:
     from conductor.parser import ParseError
-    from conductor.policy.base import Generation
+    from conductor.policy.base import Generation, GenerationParams, PolicyBackend
     from conductor.trajectory import Trajectory
     from conductor.workers.pool import SubPool
 
+    # each trajectory's sub-pool: one for all, one per trajectory (in order), or a function of the trajectory
+    SubPools = SubPool | Sequence[SubPool] | Callable[[Trajectory], SubPool]
+
 ConductorFn = Callable[[str], Awaitable["Generation"]]
-_INVALID_HINTS = ("outside the pool", "allowed", "refers", "repeats", "not an integer", "is empty")
 
 
-def parse_status_of(err: ParseError) -> str:
-    """'invalid' when the lists were read but break a rule (range, length cap, references), else 'parse_error'.
+class TrajectoryOptions(TypedDict, total=False):
+    """``execute_trajectory``'s settings, passed through unchanged by the batch runners."""
+
+    conductor: ConductorFn | None
+    max_depth: int
+    max_steps: int
+    budget: Budget | None
+    call_factor: float
+    sequential: bool
+
+
+def parse_status_of(err: ParseError) -> Literal["parse_error", "invalid"]:
+    """'invalid' when the lists were read but break a rule (range, length cap, references), else 'parse_error';
+    the parser decides which (``ParseError.status``).
 
     >>> from conductor.parser import ParseError
     >>> parse_status_of(ParseError("model_id", "entry 0 is 7, outside the pool (0..2)", status="invalid"))
@@ -47,12 +61,7 @@ def parse_status_of(err: ParseError) -> str:
     >>> parse_status_of(ParseError("subtasks", "no list found", status="parse_error"))
     'parse_error'
     """
-    status = getattr(err, "status", None)
-    if status in ("parse_error", "invalid"):
-        return status
-    if err.field in ("model_id", "subtasks", "access_list") and any(h in err.reason for h in _INVALID_HINTS):
-        return "invalid"
-    return "parse_error"
+    return err.status
 
 
 def recursion_round_prompt(root_prompt: str, previous_completion: str, previous_answer: str, max_steps: int) -> str:
@@ -62,7 +71,7 @@ def recursion_round_prompt(root_prompt: str, previous_completion: str, previous_
     return f"{root_prompt.rstrip()}\n\n{previous_completion.strip()}\n{recursion_prompt(previous_answer, max_steps)}"
 
 
-def conductor_fn_from_backend(backend: Any, params: Any) -> ConductorFn:
+def conductor_fn_from_backend(backend: PolicyBackend, params: GenerationParams) -> ConductorFn:
     """Wrap a (synchronous) ``PolicyBackend`` as the async conductor call recursion needs."""
     async def call(prompt: str) -> Generation:
         out = await asyncio.to_thread(backend.generate, [prompt], 1, params)
@@ -118,7 +127,7 @@ async def _execute(traj: Trajectory, root: Round, subpool: SubPool, executor: Ex
 
     wf = _parse(root.completion, len(subpool), max_steps, allow_empty=False)
     if isinstance(wf, ParseError):
-        root.parse_status = parse_status_of(wf)   # type: ignore[assignment]
+        root.parse_status = parse_status_of(wf)
         root.parse_error = wf.message
         return traj
     root.parse_status = "ok"
@@ -170,7 +179,7 @@ async def _execute(traj: Trajectory, root: Round, subpool: SubPool, executor: Ex
         traj.rounds.append(rnd)
         new = _parse(gen.text, len(subpool), room, allow_empty=True)
         if isinstance(new, ParseError):
-            rnd.parse_status, rnd.parse_error = parse_status_of(new), new.message  # type: ignore[assignment]
+            rnd.parse_status, rnd.parse_error = parse_status_of(new), new.message
             rnd.final_answer = previous_answer
             break
         rnd.parse_status = "ok"
@@ -191,9 +200,10 @@ async def _execute(traj: Trajectory, root: Round, subpool: SubPool, executor: Ex
     return traj
 
 
-async def execute_batch(trajs: Sequence[Trajectory], subpools: SubPool | Sequence[SubPool] | Callable[[Trajectory], SubPool],
-                        executor: Executor, *, max_in_flight: int = 1024, progress: bool = False,
-                        on_done: Callable[[Trajectory], None] | None = None, **kw: Any) -> list[Trajectory]:
+async def execute_batch(trajs: Sequence[Trajectory], subpools: SubPools, executor: Executor, *,
+                        max_in_flight: int = 1024, progress: bool = False,
+                        on_done: Callable[[Trajectory], None] | None = None,
+                        **kw: Unpack[TrajectoryOptions]) -> list[Trajectory]:
     """Many trajectories concurrently in this event loop, sharing the executor's limits and cache.
 
     One trajectory's failure (infra or bad input) never stops the others.
@@ -233,11 +243,14 @@ async def execute_batch(trajs: Sequence[Trajectory], subpools: SubPool | Sequenc
             bar.stop()
 
 
-def run_batch(trajs: Sequence[Trajectory], subpools: Any, executor: Executor, **kw: Any) -> list[Trajectory]:
+def run_batch(trajs: Sequence[Trajectory], subpools: SubPools, executor: Executor, *, max_in_flight: int = 1024,
+              progress: bool = False, on_done: Callable[[Trajectory], None] | None = None,
+              **kw: Unpack[TrajectoryOptions]) -> list[Trajectory]:
     """Synchronous wrapper: one event loop for the whole batch, SDK clients closed at the end."""
     async def main() -> list[Trajectory]:
         try:
-            return await execute_batch(trajs, subpools, executor, **kw)
+            return await execute_batch(trajs, subpools, executor, max_in_flight=max_in_flight, progress=progress,
+                                       on_done=on_done, **kw)
         finally:
             await executor.aclose()
     return asyncio.run(main())

@@ -29,10 +29,14 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer
+from pydantic_core import PydanticCustomError
 
 from conductor.execution.ratelimit import Bucket, bucket_shapes, check_pause
 from conductor.execution.sqlite_wal import connect_wal
@@ -40,6 +44,8 @@ from conductor.execution.sqlite_wal import connect_wal
 if TYPE_CHECKING:
     from conductor.execution.ratelimit import SharedLimits
     from conductor.workers.pool import Limits
+
+_T = TypeVar("_T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS bucket (key TEXT NOT NULL, kind TEXT NOT NULL, level REAL NOT NULL, t REAL NOT NULL,
@@ -76,10 +82,10 @@ class SQLiteLimits:
             self._local.conn = conn
         return conn
 
-    async def run(self, fn: Any, *args: Any) -> Any:
+    async def run(self, fn: Callable[..., _T], *args: Any) -> _T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
-    def transact(self, fn: Any, *args: Any) -> Any:
+    def transact(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run ``fn(conn, now, *args)`` in one write transaction (other processes wait on the file lock)."""
         conn = self._conn()
         conn.execute("BEGIN IMMEDIATE")
@@ -203,12 +209,18 @@ class SQLiteKey:
             b.drain()
             self._save(conn, self.name, "rpm", b)
 
+    async def try_acquire(self, tokens: int = 0) -> tuple[Lease | None, float]:
+        """One attempt that never waits (a server refusing instead of queueing): (lease, 0.0) when admitted,
+        else (None, seconds until an attempt may succeed)."""
+        state, value, lease = await self.store.run(self.store.transact, self._try, tokens)
+        return (Lease(lease, value), 0.0) if state == "ok" and lease is not None else (None, value)
+
     # ---------------------------------------------------------------- the SharedKey protocol
     async def acquire(self, tokens: int, pause_budget_s: float | None) -> tuple[Lease, float]:
         paused = 0.0
         while True:
             state, value, lease = await self.store.run(self.store.transact, self._try, tokens)
-            if state == "ok":
+            if state == "ok" and lease is not None:
                 return Lease(lease, value), paused
             if state == "paused":
                 check_pause(self.name, value, None if pause_budget_s is None else pause_budget_s - paused)
@@ -329,20 +341,77 @@ class PrefectKey:
                 self.names["rpm"], GlobalConcurrencyLimitUpdate(active_slots=max(1, int(self.shapes["rpm"][1]))))
 
 
-def open_shared(spec: str | None) -> SharedLimits | None:
+class LimitsSpec(BaseModel):
+    """Where a run's rate limits live, ``local | sqlite:PATH | prefect[:PREFIX]``, parsed once (``parse``) where a
+    run configuration is read; ``str()`` is the canonical text.
+
+    >>> LimitsSpec.parse("sqlite:~/l.sqlite"), LimitsSpec.parse("prefect").where, str(LimitsSpec.parse(" local "))
+    (LimitsSpec('sqlite:~/l.sqlite'), None, 'local')
+    >>> LimitsSpec.parse("redis:x")
+    Traceback (most recent call last):
+    ...
+    ValueError: limits 'redis:x': expected 'local', 'sqlite:PATH' or 'prefect[:PREFIX]'
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    store: Literal["local", "sqlite", "prefect"]
+    where: str | None = None    # sqlite: the file (``~`` expanded when opened); prefect: the limits' name prefix
+
+    @classmethod
+    def parse(cls, text: str | LimitsSpec) -> LimitsSpec:
+        """The one parser of limits settings; ValueError (one line) for anything else."""
+        if isinstance(text, LimitsSpec):
+            return text
+        raw = str(text).strip()
+        store, _, rest = raw.partition(":")
+        if raw in ("", "local"):
+            return cls(store="local")
+        if store == "sqlite" and rest.strip():
+            return cls(store="sqlite", where=rest.strip())
+        if store == "prefect":
+            return cls(store="prefect", where=rest.strip() or None)
+        raise ValueError(f"limits {text!r}: expected 'local', 'sqlite:PATH' or 'prefect[:PREFIX]'")
+
+    @property
+    def path(self) -> Path | None:
+        """The SQLite file of a ``sqlite:`` store, ``~`` expanded; None for the others."""
+        return Path(os.path.expanduser(self.where)) if self.store == "sqlite" and self.where else None
+
+    def __str__(self) -> str:
+        return self.store if self.where is None else f"{self.store}:{self.where}"
+
+    def __repr__(self) -> str:
+        return f"LimitsSpec({str(self)!r})"
+
+
+def _limits_field(value: Any) -> Any:
+    """A run configuration's ``limits`` text validates into the type (its message names the setting)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return LimitsSpec.parse(value)
+    except ValueError as e:
+        raise PydanticCustomError("limits", "{reason}", {"reason": str(e)}) from None
+
+
+# A run configuration's field: text in YAML and on the command line, the type inside, the text when saved.
+LimitsField = Annotated[LimitsSpec, BeforeValidator(_limits_field), PlainSerializer(str, return_type=str)]
+
+
+def open_shared(spec: LimitsSpec | str | None) -> SharedLimits | None:
     """A store from its spec: None/``local`` (this process only), ``sqlite:PATH``, ``prefect[:PREFIX]``.
 
     >>> open_shared("local") is None
     True
     """
-    if spec is None or spec in ("", "local"):
-        return None
-    kind, _, rest = spec.partition(":")
-    if kind == "sqlite" and rest:
-        return SQLiteLimits(os.path.expanduser(rest))
-    if kind == "prefect":
-        return PrefectLimits(rest or "conductor")
-    raise ValueError(f"limits {spec!r}: expected 'local', 'sqlite:PATH' or 'prefect[:PREFIX]'")
+    limits = LimitsSpec.parse(spec) if spec is not None else LimitsSpec(store="local")
+    match limits:
+        case LimitsSpec(store="sqlite"):
+            return SQLiteLimits(limits.path or "")
+        case LimitsSpec(store="prefect", where=prefix):
+            return PrefectLimits(prefix or "conductor")
+    return None
 
 
 def default_spec(cache_path: str | None, fans_out: bool) -> str | None:

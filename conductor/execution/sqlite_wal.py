@@ -11,18 +11,19 @@ the others only have to see it; until then they retry within the busy timeout.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 
 
-def connect(path: str, busy_timeout_s: float) -> sqlite3.Connection:
+def connect(path: str | os.PathLike[str], busy_timeout_s: float) -> sqlite3.Connection:
     """Autocommit connection to ``path`` that waits up to ``busy_timeout_s`` on another writer's lock."""
     conn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None)
     conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
     return conn
 
 
-def connect_wal(path: str, busy_timeout_s: float, retry_s: float = 0.02) -> sqlite3.Connection:
+def connect_wal(path: str | os.PathLike[str], busy_timeout_s: float, retry_s: float = 0.02) -> sqlite3.Connection:
     """Autocommit connection to ``path`` with a busy timeout, WAL journal and ``synchronous=NORMAL``.
 
     Raises the last ``sqlite3.OperationalError`` if the file stays locked past ``busy_timeout_s``.

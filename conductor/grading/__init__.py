@@ -3,8 +3,9 @@
 Kinds: ``math`` (math-verify equivalence), ``numeric`` (tolerance), ``mcq``
 (letter/index/option text), ``code`` (tests in the sandbox), ``exact`` (free text).
 
-The folder also holds what grading needs around the graders: answer extraction (``extract``),
-the sandbox that runs generated code (``sandbox``) and the paper's reward (``reward``).
+The folder also holds what grading needs around the graders: answer extraction (``extract``) and the
+paper's reward (``reward``). Generated code runs in ``conductor.execution.sandbox``, shared with the
+``python`` tool worker.
 """
 
 from __future__ import annotations

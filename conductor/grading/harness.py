@@ -29,17 +29,26 @@ import marshal
 import os
 import sys
 
+TYPE_CHECKING = False     # typing costs an import at every run's start; the type checker reads this branch
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, NoReturn
+
+    _Globals = dict[str, Any]
+else:
+    _Globals = dict
+
 MAX_MESSAGE = 1 << 28      # bytes in one reply from the program process
 
 
-def _send(fd: int, obj: object) -> None:
+def _send(fd: int, obj: Any) -> None:     # Any: marshal.dumps itself decides what is plain
     data = marshal.dumps(obj)
     data = len(data).to_bytes(8, "little") + data
     while data:
         data = data[os.write(fd, data):]
 
 
-def _recv(fd: int) -> object:
+def _recv(fd: int) -> Any:       # a marshalled message: a tuple whose first item says its kind
     size = int.from_bytes(_read_exact(fd, 8), "little")
     if size > MAX_MESSAGE:
         raise EOFError(f"message of {size} bytes")
@@ -63,8 +72,8 @@ def _read_exact(fd: int, n: int) -> bytes:
 def _serve_program(requests: int, replies: int) -> None:
     """Load solution.py once asked to, then answer ``get`` and ``call`` requests until killed."""
     _recv(requests)                                   # "load": the harness has hidden its secrets
-    scope: dict[str, object] = {"__name__": "__main__", "__file__": os.path.abspath("solution.py"),
-                             "__builtins__": builtins}
+    scope: dict[str, Any] = {"__name__": "__main__", "__file__": os.path.abspath("solution.py"),
+                          "__builtins__": builtins}
     _send(replies, _guard(lambda: exec(compile(open("solution.py").read(), "solution.py", "exec"), scope)))
     while True:
         req = _recv(requests)
@@ -82,7 +91,7 @@ def _serve_program(requests: int, replies: int) -> None:
         _send(replies, reply)
 
 
-def _guard(fn: object) -> tuple[object, ...]:
+def _guard(fn: Callable[[], object]) -> tuple[object, ...]:
     try:
         result = fn()
     except SystemExit as exc:
@@ -94,7 +103,7 @@ def _guard(fn: object) -> tuple[object, ...]:
     return _plain(result)
 
 
-def _plain(value: object) -> tuple[object, ...]:
+def _plain(value: Any) -> tuple[object, ...]:
     try:
         marshal.dumps(value)
     except ValueError:
@@ -136,7 +145,7 @@ class _Channel:
         return reply           # "callable" / "missing": for Namespace
 
 
-class Namespace(dict):  # type: ignore[type-arg]
+class Namespace(_Globals):
     """The tests' globals: a name the tests do not define comes from the program process."""
 
     channel: _Channel
@@ -153,7 +162,7 @@ class Namespace(dict):  # type: ignore[type-arg]
 
 
 def _proxy(channel: _Channel, name: str) -> object:
-    def call(*args: object, **kwargs: object) -> object:
+    def call(*args: Any, **kwargs: Any) -> object:
         try:
             marshal.dumps((args, kwargs))
         except ValueError:
@@ -164,7 +173,7 @@ def _proxy(channel: _Channel, name: str) -> object:
     return call
 
 
-def _fail(message: str) -> object:
+def _fail(message: str) -> NoReturn:
     sys.stderr.write(f"\nharness: {message}\n")
     sys.stderr.flush()
     os._exit(1)

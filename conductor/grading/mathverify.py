@@ -82,9 +82,12 @@ class _Proc:
     def __init__(self) -> None:
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         code = f"import sys; sys.path.insert(0, {root!r}); from conductor.grading.mathverify import serve; serve()"
-        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True, bufsize=1)
-        self.job: int | None = None
+        proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        if proc.stdin is None or proc.stdout is None:      # never with PIPE; says so to the type checker
+            raise RuntimeError("math-verify worker: no pipes")
+        self.proc, self.stdin, self.stdout = proc, proc.stdin, proc.stdout
+        self.job = -1                     # the index of the pair it grades (set whenever it is busy)
         self.started = 0.0
         self.ready = False
 
@@ -93,21 +96,21 @@ class _Proc:
         if self.ready:
             return
         r, _, _ = select.select([self.fileno()], [], [], timeout)
-        line = self.proc.stdout.readline() if r else ""  # type: ignore[union-attr]
+        line = self.stdout.readline() if r else ""
         if line.strip() != "ready":
             self.kill()
             raise RuntimeError("math-verify worker failed to start (is math-verify installed?)")
         self.ready = True
 
     def fileno(self) -> int:
-        return self.proc.stdout.fileno()  # type: ignore[union-attr]
+        return self.stdout.fileno()
 
     def send(self, pair: tuple[str, str]) -> None:
-        self.proc.stdin.write(json.dumps(list(pair)) + "\n")  # type: ignore[union-attr]
-        self.proc.stdin.flush()  # type: ignore[union-attr]
+        self.stdin.write(json.dumps(list(pair)) + "\n")
+        self.stdin.flush()
 
     def recv(self) -> Verdict:
-        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        line = self.stdout.readline()
         if not line:
             raise EOFError("math-verify worker exited")
         equal, err = json.loads(line)
@@ -116,9 +119,9 @@ class _Proc:
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait()
-        for f in (self.proc.stdin, self.proc.stdout):
+        for f in (self.stdin, self.stdout):
             try:
-                f.close()  # type: ignore[union-attr]
+                f.close()
             except OSError:
                 pass
 
@@ -166,16 +169,16 @@ class MathVerifyPool:
                 for fd in ready:
                     w = busy.pop(fd)
                     try:
-                        results[w.job] = w.recv()  # type: ignore[index]
+                        results[w.job] = w.recv()
                         idle.append(w)
                     except (EOFError, OSError):
-                        results[w.job] = (None, "math-verify worker died")  # type: ignore[index]
+                        results[w.job] = (None, "math-verify worker died")
                         idle.append(self._replace(w))
                 now = time.monotonic()
                 for fd, w in list(busy.items()):
                     if now - w.started >= limit:
                         busy.pop(fd)
-                        results[w.job] = (None, f"math-verify timed out after {limit:g}s")  # type: ignore[index]
+                        results[w.job] = (None, f"math-verify timed out after {limit:g}s")
                         idle.append(self._replace(w))
         return [r if r is not None else (None, "not graded") for r in results]
 

@@ -163,8 +163,8 @@ def _partitions(loc: LakeLocation, lake: Lake, kind: str | None, run_id: str | N
         path = _native(loc, uri)
         rel = path[len(base) + 1:]
         part, name = rel.rsplit("/", 1)
-        twin = loc.path("calls", rel)
-        twin = twin if twin in calls else None
+        calls_path = loc.path("calls", rel)
+        twin = calls_path if calls_path in calls else None
         size = sizes["trajectories"].get(path, 0) + (sizes["calls"].get(twin, 0) if twin else 0)
         out[part].append(_Entry(path, twin, name, size, lake._write_ids.get(("trajectories", rel))))
     for entries in out.values():

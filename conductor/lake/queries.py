@@ -10,7 +10,8 @@ with DuckDB over the same validated files (views ``trajectories`` and ``calls``)
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import polars as pl
 
@@ -148,7 +149,7 @@ def failure_taxonomy(lake: str | Lake, **where: str | None) -> pl.DataFrame:
             .sort(["source", "n", "cls"], descending=[False, True, False]))
 
 
-def accuracy_vs_cost(lake: str | Lake, by: str | list[str] = ("run_id", "checkpoint_id", "dataset"),
+def accuracy_vs_cost(lake: str | Lake, by: str | Sequence[str] = ("run_id", "checkpoint_id", "dataset"),
                      **where: str | None) -> pl.DataFrame:
     """Accuracy against dollars per question (mean over its samples): the cost/quality frontier."""
     keys = [by] if isinstance(by, str) else list(by)
@@ -176,17 +177,23 @@ def lake_stats(lake: str | Lake, **where: str | None) -> pl.DataFrame:
             .sort(list(PARTITION_KEYS)).collect())
 
 
-STANDARD_QUERIES = {
-    "accuracy_by_dataset": lambda lk, **w: accuracy_by(lk, "dataset", **w),
-    "accuracy_by_pool": lambda lk, **w: accuracy_by(lk, "pool_id", **w),
-    "accuracy_by_checkpoint": lambda lk, **w: accuracy_by(lk, "checkpoint_id", **w),
-    "accuracy_by_worker": lambda lk, **w: accuracy_by_worker(lk, **w),
+class StandardQuery(Protocol):
+    """One of the standard questions: a lake and partition filters in, one table out."""
+
+    def __call__(self, lake: str | Lake, **where: str | None) -> pl.DataFrame: ...
+
+
+STANDARD_QUERIES: dict[str, StandardQuery] = {
+    "accuracy_by_dataset": lambda lake, **w: accuracy_by(lake, "dataset", **w),
+    "accuracy_by_pool": lambda lake, **w: accuracy_by(lake, "pool_id", **w),
+    "accuracy_by_checkpoint": lambda lake, **w: accuracy_by(lake, "checkpoint_id", **w),
+    "accuracy_by_worker": lambda lake, **w: accuracy_by_worker(lake, **w),
     "cost_per_question": cost_per_question,
-    "worker_usage_by_domain": lambda lk, **w: worker_usage(lk, "domain", **w),
-    "worker_usage_by_step": lambda lk, **w: worker_usage(lk, "step", **w),
-    "workflow_length_by_domain": workflow_length,
+    "worker_usage_by_domain": lambda lake, **w: worker_usage(lake, "domain", **w),
+    "worker_usage_by_step": lambda lake, **w: worker_usage(lake, "step", **w),
+    "workflow_length_by_domain": lambda lake, **w: workflow_length(lake, "domain", **w),
     "failure_taxonomy": failure_taxonomy,
-    "accuracy_vs_cost": accuracy_vs_cost,
+    "accuracy_vs_cost": lambda lake, **w: accuracy_vs_cost(lake, ("run_id", "checkpoint_id", "dataset"), **w),
 }
 
 

@@ -216,7 +216,7 @@ class Lake:
              run_id: str | None = None) -> pl.LazyFrame:
         """Lazy frame over one table with the current schema; absent columns read as null."""
         files = self.list_files(table, kind=kind, date=date, run_id=run_id)
-        schema = pl.Schema(pl.from_arrow(SCHEMAS[table].empty_table()).schema)
+        schema = pl.Schema(pl.DataFrame(SCHEMAS[table].empty_table()).schema)
         if not files:
             return pl.LazyFrame(schema=schema)
         data_schema = {k: v for k, v in schema.items() if k not in PARTITION_KEYS}

@@ -8,13 +8,12 @@ matplotlib's Agg backend so it runs headless.
 from __future__ import annotations
 
 import datetime as _dt
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
 
+from conductor.files import atomic_write_text, save_figure
 from conductor.lake.queries import standard_report
 from conductor.lake.reader import Lake, open_lake
 
@@ -38,11 +37,7 @@ def _pyplot():
 
 def _save(fig, path: Path, bottom: float = 0.0) -> Path:
     fig.tight_layout(rect=(0, bottom, 1, 1))
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
-    return path
+    return save_figure(fig, path, close=False)   # the callers close it
 
 
 def cost_axis_limits(costs: list[float]) -> tuple[float, float]:
@@ -63,10 +58,12 @@ def point_labels(df: pl.DataFrame) -> list[str]:
     >>> point_labels(pl.DataFrame({"run_id": ["r1", "r1"], "checkpoint_id": ["c", "c"], "dataset": ["gsm8k", "mmlu"]}))
     ['gsm8k', 'mmlu']
     """
-    cols = [c for c in ("checkpoint_id", "run_id", "dataset") if c in df.columns and df[c].n_unique() > 1]
+    cols: list[str] = [c for c in ("checkpoint_id", "run_id", "dataset") if c in df.columns and df[c].n_unique() > 1]
     if "checkpoint_id" in cols and "run_id" in cols:
         cols.remove("run_id")
-    cols = cols or [c for c in ("checkpoint_id", "dataset") if c in df.columns][:1]
+    if not cols:
+        first = next((c for c in ("checkpoint_id", "dataset") if c in df.columns), None)
+        cols = [first] if first else []
     return [" / ".join(str(r[c]) for c in cols) for r in df.iter_rows(named=True)]
 
 
@@ -212,9 +209,5 @@ def render_report(lake: str | Lake, out_dir: str | Path, *, run_id: str | None =
               "![worker usage](worker_usage.png)", "", "![failures](failure_taxonomy.png)", ""]
     for name, df in tables.items():
         lines += [f"## {_TITLES.get(name, name)}", "", _md_table(df), ""]
-    md = out / "report.md"
-    fd, tmp = tempfile.mkstemp(dir=out, prefix=".report.md.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines))
-    os.replace(tmp, md)
+    md = atomic_write_text(out / "report.md", "\n".join(lines))
     return Report(md, plots, tables, list(lk.skipped))

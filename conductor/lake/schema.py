@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from conductor.trajectory import CallRecord, Round, Trajectory
 
-SCHEMA_VERSION = 2   # v2: conductor_s
+SCHEMA_VERSION = 3   # v2: conductor_s; v3: policy_version, advantage, used_in_training, unused_reason, calls.fault
 PARTITION_KEYS: tuple[str, ...] = ("kind", "date", "run_id")
 TABLES: tuple[str, ...] = ("trajectories", "calls")
 METADATA_VERSION_KEY = b"conductor.schema_version"

@@ -19,7 +19,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -29,7 +29,14 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from conductor.lake.manifest import Manifest, compacted_name, load_visibility
-from conductor.lake.schema import PARTITION_KEYS, call_rows, file_schema, trajectory_row
+from conductor.lake.schema import (
+    METADATA_VERSION_KEY,
+    PARTITION_KEYS,
+    SCHEMA_VERSION,
+    call_rows,
+    file_schema,
+    trajectory_row,
+)
 from conductor.lake.storage import LakeLocation, check_key, open_location
 from conductor.trajectory import Trajectory
 
@@ -302,3 +309,117 @@ def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
         col = table.column(idx) if idx >= 0 else pa.chunked_array([pa.nulls(table.num_rows, f.type)], f.type)
         cols.append(col if col.type.equals(f.type) else col.cast(f.type))
     return pa.Table.from_arrays(cols, schema=schema)
+
+
+# ------------------------------------------------------------------ rewriting committed rows
+
+def _fs_path(loc: LakeLocation, uri: str) -> str:
+    """A URI from ``Lake.list_files`` back to the filesystem path the location's fs takes."""
+    return uri if loc.is_local else uri.split("://", 1)[-1]
+
+
+def _rewrite(loc: LakeLocation, path: str, change: Callable[[pa.Table], pa.Table | None]) -> bool:
+    """Rewrite one committed trajectories file through ``change`` (None: leave the file as it is), conformed
+    to the current schema, atomically, keeping its footer metadata (``write_id``, so its calls file stays
+    matched; a compacted file's manifest) except the schema version, which becomes the current one."""
+    with _parquet(loc, path) as pf:
+        old_meta = dict(pf.schema_arrow.metadata or {})
+        table = _conform(pf.read(), file_schema("trajectories"))
+    new = change(table)
+    if new is None:
+        return False
+    meta = {**old_meta, **(file_schema("trajectories").metadata or {})}
+    new = new.set_column(new.schema.get_field_index("schema_version"), "schema_version",
+                         pa.array([SCHEMA_VERSION] * new.num_rows, pa.int16()))
+    with atomic_output(loc, path) as f:
+        pq.write_table(new.replace_schema_metadata(meta), f, compression="zstd")
+    return True
+
+
+def set_trajectory_values(lake_root: str | LakeLocation, kind: str, run_id: str,
+                          values: Mapping[str, Mapping[str, Any]], *,
+                          storage_options: dict[str, Any] | None = None) -> int:
+    """Set columns of committed trajectories rows (``trajectory_id -> {column: value}``) in place; returns the
+    rows changed. What the GRPO update writes back (advantage, used_in_training, ...): the rollout rows stay
+    where the rollout committed them, each file holding one of them is rewritten whole and atomically, so a
+    reader sees the old file or the new one. Idempotent: the same values written twice change nothing more."""
+    from conductor.lake.reader import open_lake
+
+    loc = open_location(lake_root, storage_options)
+    schema = file_schema("trajectories")
+    columns = sorted({c for v in values.values() for c in v})
+    for c in columns:
+        if schema.get_field_index(c) < 0 or c in ("trajectory_id", "schema_version"):
+            raise ValueError(f"cannot set trajectories column {c!r}: not a settable column of schema v{SCHEMA_VERSION}")
+    changed = [0]
+
+    def change(table: pa.Table) -> pa.Table | None:
+        ids = table.column("trajectory_id").to_pylist()
+        hit = [i for i, tid in enumerate(ids) if tid in values]
+        if not hit:
+            return None
+        for c in columns:
+            col = table.column(c).to_pylist()
+            for i in hit:
+                if c in values[ids[i]]:
+                    col[i] = values[ids[i]][c]
+            idx = schema.get_field_index(c)
+            table = table.set_column(table.schema.get_field_index(c), schema.field(idx), pa.array(col, schema.field(idx).type))
+        changed[0] += len(hit)
+        return table
+
+    for uri in open_lake(loc).list_files("trajectories", kind=kind, run_id=run_id):
+        _rewrite(loc, _fs_path(loc, uri), change)
+    return changed[0]
+
+
+def migrate(lake_root: str | LakeLocation, *, storage_options: dict[str, Any] | None = None) -> dict[str, int]:
+    """Bring every trajectories and calls file written by an older schema up to the current one: the new
+    columns are stored (as nulls: "not recorded") and the files say the current version, so engines that read
+    the files without this package (plain DuckDB globs, Spark) see one schema. Readers of this package never
+    need it (they insert missing columns themselves); it is for those others. Atomic per file, idempotent.
+    Returns files checked and rewritten."""
+    from conductor.lake.reader import open_lake
+
+    loc = open_location(lake_root, storage_options)
+    lake = open_lake(loc)
+    out = {"checked": 0, "migrated": 0}
+    for table in ("calls", "trajectories"):   # calls first, like a shard commit
+        for uri in lake.list_files(table):
+            path = _fs_path(loc, uri)
+            out["checked"] += 1
+            if _migrate_file(loc, path, table):
+                out["migrated"] += 1
+    return out
+
+
+def _migrate_file(loc: LakeLocation, path: str, table: str) -> bool:
+    with _parquet(loc, path) as pf:
+        meta = dict(pf.schema_arrow.metadata or {})
+        version = meta.get(METADATA_VERSION_KEY, b"0")
+        if version.isdigit() and int(version) >= SCHEMA_VERSION:
+            return False
+        schema = file_schema(table)
+        data = _conform(pf.read(), schema)
+    data = data.set_column(data.schema.get_field_index("schema_version"), "schema_version",
+                           pa.array([SCHEMA_VERSION] * data.num_rows, pa.int16()))
+    with atomic_output(loc, path) as f:
+        pq.write_table(data.replace_schema_metadata({**meta, **(schema.metadata or {})}), f, compression="zstd")
+    log.info("lake: migrated %s from schema v%s to v%d", loc.uri(path), version.decode(), SCHEMA_VERSION)
+    return True
+
+
+TRAINING_DIR = "training"   # <lake>/training/run_id=<rollout run>.json: one record per GRPO update
+
+
+def write_training_record(lake_root: str | LakeLocation, run_id: str, record: Mapping[str, Any], *,
+                          storage_options: dict[str, Any] | None = None) -> str:
+    """One GRPO update's record (its metrics, checkpoint, iteration) beside the rollout run it trained on,
+    atomically; rewriting it replaces it. Kept apart from the Parquet tables: a few per run, read whole."""
+    import json
+
+    loc = open_location(lake_root, storage_options)
+    path = loc.path(TRAINING_DIR, f"run_id={check_key('run_id', run_id)}.json")
+    with atomic_output(loc, path) as f:
+        f.write(json.dumps(dict(record), indent=1, sort_keys=True, allow_nan=False).encode())
+    return path

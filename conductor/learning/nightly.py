@@ -20,6 +20,7 @@ from conductor.run.config import NightlyConfig, RolloutConfig, eval_run_id
 
 if TYPE_CHECKING:
     from conductor.learning.registry import CheckpointEntry, Decision, Registry
+    from conductor.run.summary import RunSummary
     from conductor.workers.pool import Pool
 
 
@@ -76,6 +77,27 @@ def retrain_reason(champion: CheckpointEntry, manifest: Pool, force: bool = Fals
     return True, f"forced retraining on unchanged pool {manifest.id}"
 
 
+def served_mix(config: NightlyConfig, night: Night) -> tuple[NightlyConfig, str]:
+    """The night's config with its labelled served questions first in the training mix, and a line saying what
+    was found (conductor/data/served.py). The selection is written once per night under WORK_DIR/served/<tag>/
+    and reused when the night resumes, so its iteration windows do not move."""
+    if not config.served_labels:
+        return config, ""
+    from conductor.data.served import ServedSelection, read_served, select_labelled, write_selection
+
+    out = night.work / "served" / night.tag
+    done = sorted(out.glob("*.jsonl")) if out.is_dir() else []
+    if done:
+        path, note = done[0], f"served questions: reusing {done[0]} (this night's selection)"
+    else:
+        selection: ServedSelection = select_labelled(read_served(config.served_lake or night.lake),
+                                                     config.served_labels)
+        if not selection.rows:
+            return config, f"served questions: none labelled ({selection.describe()})"
+        path, note = write_selection(selection, config.served_labels, out), f"served questions: {selection.describe()}"
+    return config.model_copy(update={"train_questions": f"{path},{config.train_questions}"}), note
+
+
 def iteration_id(night: Night, i: int) -> str:
     """Iteration i's rollout run id, which is also its checkpoint id."""
     return f"nightly-{night.tag}-it{i}"
@@ -91,10 +113,10 @@ def iteration_rollout(config: NightlyConfig, night: Night, i: int, uri: str, che
                          fewshot=config.fewshot, limits=config.limits)
 
 
-def iteration_record(i: int, run_id: str, rollout: dict[str, Any]) -> dict[str, Any]:
+def iteration_record(i: int, run_id: str, rollout: RunSummary) -> dict[str, Any]:
     """What the report shows of an iteration's rollouts (the training step adds checkpoint and loss)."""
-    return {"iteration": i, "run_id": run_id, "trajectories": rollout["trajectories"],
-            "mean_reward": rollout["mean_reward"], "accuracy": rollout["accuracy"]}
+    return {"iteration": i, "run_id": run_id, "trajectories": rollout.trajectories,
+            "mean_reward": rollout.mean_reward, "accuracy": rollout.accuracy}
 
 
 def checkpoint_lineage(lineage: dict[str, Any], manifest: Pool, night: Night) -> dict[str, Any]:

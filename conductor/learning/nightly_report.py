@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conductor.run.summary import atomic_write_text
+from conductor.files import atomic_write_text, save_figure
 
 
 @dataclass
@@ -125,12 +125,5 @@ def _pyplot():
 
 
 def _save(fig: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return save_figure(fig, path)

@@ -17,6 +17,7 @@ single PUT) and ``MlflowBackend`` (an MLflow model registry: versions, aliases v
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import os
 import re
@@ -26,12 +27,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from conductor.files import atomic_write_bytes
+
 if TYPE_CHECKING:
+    from mlflow.entities.model_registry import ModelVersion
+
     from conductor.learning.evaluation import EvalReport
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
-ANY = object()      # swap(expect=ANY): no compare-and-swap check
+
+
+class _Unchecked(enum.Enum):
+    ANY = "any"
+
+
+ANY = _Unchecked.ANY   # swap(expect=ANY): no compare-and-swap check
+Expect = str | None | Literal[_Unchecked.ANY]   # the alias's target a swap expects (None: unset), or ANY
 
 
 class RegistryError(ValueError):
@@ -74,18 +86,20 @@ def decide(report: EvalReport, policy: PromotionPolicy, candidate_id: str = "",
     """The promotion rule as a pure function of the report and the policy."""
     p = report.p_value(policy.test)
     regressions = {d: round(dc.diff, 6) for d, dc in report.domains.items() if dc.diff < -policy.max_domain_regression}
-    base = dict(candidate_id=candidate_id, champion_id=champion_id, p_value=p, diff=report.diff, regressions=regressions)
+
+    def verdict(promote: bool, reason: str) -> Decision:
+        return Decision(promote, reason, candidate_id, champion_id, p_value=p, diff=report.diff, regressions=regressions)
+
     if report.bootstrap.n_questions < policy.min_questions:
-        return Decision(False, f"too few paired questions ({report.bootstrap.n_questions} < {policy.min_questions})", **base)
+        return verdict(False, f"too few paired questions ({report.bootstrap.n_questions} < {policy.min_questions})")
     if report.diff <= policy.min_improvement:
-        return Decision(False, f"not better overall: {report.metric} diff {report.diff:+.4f} <= {policy.min_improvement}", **base)
+        return verdict(False, f"not better overall: {report.metric} diff {report.diff:+.4f} <= {policy.min_improvement}")
     if not p < policy.alpha:
-        return Decision(False, f"not significant: {policy.test} p={p:.4g} >= alpha={policy.alpha}", **base)
+        return verdict(False, f"not significant: {policy.test} p={p:.4g} >= alpha={policy.alpha}")
     if regressions:
         worst = ", ".join(f"{d} {v:+.4f}" for d, v in sorted(regressions.items()))
-        return Decision(False, f"domain regression beyond {policy.max_domain_regression}: {worst}", **base)
-    return Decision(True, f"better overall: {report.metric} diff {report.diff:+.4f}, {policy.test} p={p:.4g} < {policy.alpha}",
-                    **base)
+        return verdict(False, f"domain regression beyond {policy.max_domain_regression}: {worst}")
+    return verdict(True, f"better overall: {report.metric} diff {report.diff:+.4f}, {policy.test} p={p:.4g} < {policy.alpha}")
 
 
 def _now() -> str:
@@ -99,7 +113,7 @@ class RegistryBackend(Protocol):
     def checkpoints(self) -> dict[str, CheckpointEntry]: ...
     def aliases(self) -> dict[str, str]: ...
     def history(self) -> list[dict[str, Any]]: ...
-    def swap(self, alias: str, checkpoint_id: str | None, event: dict[str, Any], expect: Any = ANY) -> str | None:
+    def swap(self, alias: str, checkpoint_id: str | None, event: dict[str, Any], expect: Expect = ANY) -> str | None:
         """Point ``alias`` at ``checkpoint_id`` (None removes it) and record ``event`` with its ``previous``
         target, atomically; refuse if ``expect`` is given and the alias no longer points there. Returns previous."""
         ...
@@ -140,12 +154,7 @@ class FileBackend:
         doc["revision"] = int(doc.get("revision", 0)) + 1
         data = json.dumps(doc, indent=1, sort_keys=True).encode()
         if self.local:
-            tmp = f"{self._path}.tmp-{os.getpid()}"
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self._path)         # atomic on POSIX
+            atomic_write_bytes(self._path, data)
         else:
             self.fs.pipe(self._path, data)      # one PUT: object stores replace whole objects atomically
 
@@ -187,7 +196,7 @@ class FileBackend:
     def history(self) -> list[dict[str, Any]]:
         return list(self._read()["history"])
 
-    def swap(self, alias: str, checkpoint_id: str | None, event: dict[str, Any], expect: Any = ANY) -> str | None:
+    def swap(self, alias: str, checkpoint_id: str | None, event: dict[str, Any], expect: Expect = ANY) -> str | None:
         with self._locked() as doc:
             if checkpoint_id is not None and checkpoint_id not in doc["checkpoints"]:
                 raise RegistryError(f"unknown checkpoint {checkpoint_id!r}")
@@ -235,10 +244,10 @@ class MlflowBackend:
         except Exception as e:   # unreachable server, bad URI, ...: one line, not a traceback
             raise RegistryError(f"MLflow registry {tracking_uri} ({model_name}): {str(e).splitlines()[0][:300]}") from None
 
-    def _entry(self, mv: Any) -> CheckpointEntry:
+    def _entry(self, mv: ModelVersion) -> CheckpointEntry:
         tags = mv.tags or {}
         lineage = json.loads(tags.get("conductor.lineage", "{}") or "{}")
-        return CheckpointEntry(tags.get("conductor.checkpoint_id", f"v{mv.version}"), mv.source,
+        return CheckpointEntry(tags.get("conductor.checkpoint_id", f"v{mv.version}"), mv.source or "",
                                tags.get("conductor.created_at", ""), lineage, str(mv.version))
 
     def add_checkpoint(self, entry: CheckpointEntry) -> CheckpointEntry:
@@ -280,7 +289,7 @@ class MlflowBackend:
         self.client.set_registered_model_tag(self.name, f"{self.EVENT_TAG}{seq:06d}",
                                              json.dumps(event, sort_keys=True, default=str)[:4900])
 
-    def swap(self, alias: str, checkpoint_id: str | None, event: dict[str, Any], expect: Any = ANY) -> str | None:
+    def swap(self, alias: str, checkpoint_id: str | None, event: dict[str, Any], expect: Expect = ANY) -> str | None:
         prev = self.aliases().get(alias)
         if expect is not ANY and prev != expect:
             raise RegistryError(f"alias {alias!r} changed concurrently: now {prev!r}, expected {expect!r}")
@@ -291,6 +300,8 @@ class MlflowBackend:
             entry = self.checkpoints().get(checkpoint_id)
             if entry is None:
                 raise RegistryError(f"unknown checkpoint {checkpoint_id!r}")
+            if entry.mlflow_version is None:
+                raise RegistryError(f"checkpoint {checkpoint_id!r} has no MLflow model version")
             self.client.set_registered_model_alias(self.name, alias, entry.mlflow_version)
         self._event({**event, "previous": prev})
         return prev
@@ -353,7 +364,7 @@ class Registry:
                                 "'='), never a path")
         return self.backend.add_checkpoint(CheckpointEntry(cid, uri, _now(), lineage))
 
-    def promote(self, checkpoint_id: str, reason: str = "manual promotion", expect: Any = ANY, **extra: Any) -> None:
+    def promote(self, checkpoint_id: str, reason: str = "manual promotion", expect: Expect = ANY, **extra: Any) -> None:
         """Make ``checkpoint_id`` the champion (recording the previous one); ``expect`` = compare-and-swap."""
         self.get(checkpoint_id)
         if self.backend.aliases().get(CHAMPION) == checkpoint_id:

@@ -25,6 +25,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from conductor.files import atomic_write_text
+
 
 class EmbeddedError(RuntimeError):
     """A model that cannot be installed or found; the message is one line."""
@@ -211,9 +213,7 @@ def _stamp_path(path: Path) -> Path:
 def _write_stamp(path: Path, sha256: str) -> None:
     st = path.stat()
     body = json.dumps({"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
-    tmp = _stamp_path(path).with_suffix(".tmp")
-    tmp.write_text(body)
-    os.replace(tmp, _stamp_path(path))
+    atomic_write_text(_stamp_path(path), body)
 
 
 def _stamp_ok(path: Path, sha256: str) -> bool:

@@ -16,11 +16,11 @@ File format: ``CKV1``, uint32 token count, the tokens as int32, then the state b
 from __future__ import annotations
 
 import hashlib
-import os
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from conductor.files import atomic_path
 
 MAGIC = b"CKV1"
 MIN_SAVED_PREFIX = 256   # a prompt sharing fewer tokens than this with the previous one saves no state
@@ -103,16 +103,10 @@ class PrefixCache:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
         name = hashlib.sha256(struct.pack(f"<{len(state.tokens)}i", *state.tokens)).hexdigest()[:24] + ".kv"
-        fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".part")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(MAGIC + struct.pack("<I", len(state.tokens)))
-                f.write(struct.pack(f"<{len(state.tokens)}i", *state.tokens))
-                f.write(state.data)
-            os.replace(tmp, self.directory / name)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_path(self.directory / name, suffix=".part") as tmp, open(tmp, "wb") as f:
+            f.write(MAGIC + struct.pack("<I", len(state.tokens)))
+            f.write(struct.pack(f"<{len(state.tokens)}i", *state.tokens))
+            f.write(state.data)
         self._index()[state.tokens] = self.directory / name
         files = sorted(self.directory.glob("*.kv"), key=lambda f: f.stat().st_mtime, reverse=True)
         for old in files[self.max_files:]:

@@ -28,11 +28,13 @@ class GenerationParams:
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     logprobs: bool = True
-    grammar: str | None = None     # GBNF constraint (conductor.grammar); honoured by every backend
+    grammar: str | None = None     # GBNF constraint (conductor.decoding.grammar); honoured by every backend
+    n_workers: int | None = None   # how many workers the prompts list: a checkpoint's decoding contract needs it
 
 
 class PolicyBackend(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...        # read-only: a wrapper (CachedPolicy) reports its inner backend's
 
     def generate(self, prompts: list[str], n: int, params: GenerationParams) -> list[list[Generation]]:
         """For each prompt (a user message), n independent samples."""

@@ -33,7 +33,8 @@ def generation_key(checkpoint_id: str, prompt: str, params: GenerationParams, sa
     >>> generation_key("c", "q", p, 0) == generation_key("c", "q", p, 0) != generation_key("c", "q", p, 1)
     True
     """
-    body = {"checkpoint": checkpoint_id, "prompt": prompt, "params": dataclasses.asdict(params), "sample": sample}
+    settings = {k: v for k, v in dataclasses.asdict(params).items() if k != "n_workers"}   # the prompt says it
+    body = {"checkpoint": checkpoint_id, "prompt": prompt, "params": settings, "sample": sample}
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from conductor.decoding.subtasks import DIRECT_SUBTASK
 from conductor.policy.base import Generation, GenerationParams
 from conductor.workflow import Step, Workflow
-
-DIRECT_SUBTASK = "Answer the user question. Follow its instructions on the answer format exactly."
 
 
 @dataclass

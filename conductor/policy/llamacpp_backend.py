@@ -22,10 +22,13 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conductor.local.prefix_cache import MIN_GAIN, MIN_SAVED_PREFIX, PrefixCache, PrefixState, common_length
 from conductor.policy.base import Generation, GenerationParams
+
+if TYPE_CHECKING:
+    from llama_cpp.llama_types import ChatCompletionRequestMessage
 
 
 class LlamaCppBackend:
@@ -56,8 +59,9 @@ class LlamaCppBackend:
     # ------------------------------------------------------------ helpers
 
     def render(self, prompt: str) -> str:
-        messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else []) + [
-            {"role": "user", "content": prompt}]
+        messages: list[ChatCompletionRequestMessage] = [{"role": "user", "content": prompt}]
+        if self.system_prompt:
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
         return self._formatter(messages=messages).prompt
 
     def _is_end(self, token: int) -> bool:
@@ -102,15 +106,15 @@ class LlamaCppBackend:
         if cache is not None:
             stored, shared = cache.best(ids)
             if shared > keep:   # a refused state leaves the KV cache empty: then nothing is kept
-                keep = shared if self._restore(stored) else common_length(llm.input_ids[: llm.n_tokens].tolist(), ids)
+                keep = shared if self._restore(cache, stored) else common_length(llm.input_ids[: llm.n_tokens].tolist(), ids)
             elif keep >= MIN_SAVED_PREFIX and keep > shared + MIN_GAIN:
-                self._save(ids[:keep])
+                self._save(cache, ids[:keep])
         keep = min(keep, len(ids) - 1)
         llm.n_tokens = keep               # eval() drops the KV cache past n_tokens
         llm.eval(ids[keep:])
         self.prefill_tokens += len(ids) - keep
 
-    def _save(self, prefix: list[int]) -> None:
+    def _save(self, cache: PrefixCache, prefix: list[int]) -> None:
         import ctypes
 
         import llama_cpp
@@ -122,15 +126,15 @@ class LlamaCppBackend:
         buf = (ctypes.c_uint8 * size)()
         n = llama_cpp.llama_state_seq_get_data(llm.ctx, buf, size, 0)
         if n > 0:
-            self.prefix_cache.put(PrefixState(tuple(prefix), bytes(buf)[:n]))
+            cache.put(PrefixState(tuple(prefix), bytes(buf)[:n]))
 
-    def _restore(self, tokens: tuple[int, ...]) -> bool:
+    def _restore(self, cache: PrefixCache, tokens: tuple[int, ...]) -> bool:
         """Load a saved prefix state into the KV cache; False (and the state forgotten) if llama.cpp refuses it."""
         import ctypes
 
         import llama_cpp
 
-        state = self.prefix_cache.load(tokens)
+        state = cache.load(tokens)
         if state is None:
             return False
         llm = self.llm
@@ -139,7 +143,7 @@ class LlamaCppBackend:
         buf = (ctypes.c_uint8 * len(state.data)).from_buffer_copy(state.data)
         if llama_cpp.llama_state_seq_set_data(llm.ctx, buf, len(state.data), 0) == 0:
             llm._ctx.kv_cache_seq_rm(-1, 0, -1)
-            self.prefix_cache.forget(tokens)
+            cache.forget(tokens)
             return False
         llm.input_ids[: len(tokens)] = tokens
         llm.n_tokens = len(tokens)
@@ -190,7 +194,7 @@ class LlamaCppBackend:
                           finish_reason=finish, prompt_token_ids=list(prompt_ids))
 
     def close(self) -> None:
-        llm, self.llm = getattr(self, "llm", None), None
+        llm = self.__dict__.pop("llm", None)      # a second close() finds nothing to close
         if llm is not None:
             llm.close()
 

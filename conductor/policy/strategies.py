@@ -26,6 +26,18 @@ from typing import TYPE_CHECKING
 
 from conductor.policy.base import Generation, GenerationParams
 from conductor.policy.fixed import DIRECT_SUBTASK, FixedWorkflowPolicy
+from conductor.policy.spec import (
+    STRATEGY_FORMS,
+    ConductorSpec,
+    FixedSpec,
+    MixtureSpec,
+    RandomSpec,
+    SelfConsistencySpec,
+    StrategyError,
+    StrategySpec,
+    as_conductor_spec,
+    is_strategy_text,
+)
 from conductor.workflow import ALL, DEFAULT_MAX_STEPS, Step, Workflow
 
 if TYPE_CHECKING:
@@ -36,20 +48,23 @@ VOTE_SUBTASK = "Take a majority vote over the final answers above."
 AGGREGATE_SUBTASK = ("You are shown answers to the user question from several other models; some may be wrong. "
                      "Check them critically, work out the correct answer, and write one final answer. "
                      "Follow the question's instructions on the answer format exactly.")
-KINDS = ("fixed", "sc", "moa", "random")
 
 
-class StrategyError(ValueError):
-    """A strategy spec that cannot be used with this pool; the message is one line."""
-
-
-def is_strategy(spec: str) -> bool:
-    """True for the baseline specs this module builds.
+def is_strategy(spec: ConductorSpec | str) -> bool:
+    """True for the baseline specs this module builds (text: by its kind, so a malformed one still gets its
+    strategy's error from ``make_strategy``).
 
     >>> [is_strategy(s) for s in ("fixed:0", "sc:1:5", "moa:0+1:2", "random", "random:3", "embedded")]
     [True, True, True, True, True, False]
     """
-    return spec.partition(":")[0] in KINDS
+    return is_strategy_text(spec)
+
+
+def strategy_spec(spec: ConductorSpec | str) -> StrategySpec | None:
+    """The typed strategy a spec names, None for a model spec; StrategyError for malformed strategy text."""
+    if not is_strategy_text(spec):
+        return None
+    return as_conductor_spec(spec)  # type: ignore[return-value]
 
 
 def attempt_subtask(j: int, k: int) -> str:
@@ -61,24 +76,10 @@ def attempt_subtask(j: int, k: int) -> str:
     return DIRECT_SUBTASK if j == 0 else f"{DIRECT_SUBTASK} (Independent attempt {j + 1} of {k}.)"
 
 
-def _ordinal(text: str, n: int, spec: str) -> int:
-    try:
-        i = int(text)
-    except ValueError:
-        raise StrategyError(f"strategy {spec!r}: {text!r} is not a worker number") from None
+def _in_pool(i: int, n: int, spec: StrategySpec) -> int:
     if not 0 <= i < n:
-        raise StrategyError(f"strategy {spec!r}: worker {i} is not in the pool (0..{n - 1})")
+        raise StrategyError(f"strategy {str(spec)!r}: worker {i} is not in the pool (0..{n - 1})")
     return i
-
-
-def _int(text: str, spec: str, what: str, low: int) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise StrategyError(f"strategy {spec!r}: {what} {text!r} is not an integer") from None
-    if v < low:
-        raise StrategyError(f"strategy {spec!r}: {what} must be at least {low}")
-    return v
 
 
 @dataclass
@@ -126,62 +127,52 @@ def mixture_of_agents(proposers: list[int], aggregator: int) -> FixedWorkflowPol
     return FixedWorkflowPolicy(Workflow(tuple(steps)), name=f"moa:{label}:{aggregator}")
 
 
-def strategy_pool(spec: str, pool: Pool) -> Pool:
+def strategy_pool(spec: ConductorSpec | str, pool: Pool) -> Pool:
     """The pool a strategy runs over: ``sc`` appends the vote tool worker (once); others use the pool as is."""
     from conductor.workers.pool import Worker
 
-    if spec.partition(":")[0] != "sc" or any(w.provider == "vote" for w in pool.workers):
+    if not isinstance(strategy_spec(spec), SelfConsistencySpec) or any(w.provider == "vote" for w in pool.workers):
         return pool
     vote = Worker(name=VOTE_WORKER, provider="vote", model="majority-vote",
                   notes="Not a language model: returns the response whose extracted final answer is most common.")
     return pool.model_copy(update={"workers": (*pool.workers, vote)})
 
 
-def steps_needed(spec: str) -> int:
-    """The longest workflow a strategy writes (a run's ``max_steps`` must allow it).
+def steps_needed(spec: ConductorSpec | str) -> int:
+    """The longest workflow a strategy writes (a run's ``max_steps`` must allow it); 1 for a model spec.
 
     >>> steps_needed("sc:0:5"), steps_needed("moa:0+1+2:0"), steps_needed("random:1:4"), steps_needed("fixed:2")
     (6, 4, 4, 1)
     """
-    kind, _, rest = spec.partition(":")
-    parts = rest.split(":") if rest else []
-    if kind == "sc" and len(parts) == 2 and parts[1].isdigit():
-        return int(parts[1]) + 1
-    if kind == "moa" and len(parts) == 2:
-        return len(parts[0].replace("+", ",").split(",")) + 1
-    if kind == "random":
-        return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else DEFAULT_MAX_STEPS
-    return 1
+    typed = strategy_spec(spec)
+    return 1 if typed is None else typed.steps_needed
 
 
-def make_strategy(spec: str, pool: Pool) -> FixedWorkflowPolicy | RandomWorkflowPolicy:
+def make_strategy(spec: ConductorSpec | str, pool: Pool) -> FixedWorkflowPolicy | RandomWorkflowPolicy:
     """The policy for a strategy spec over ``pool`` (as returned by ``strategy_pool``); StrategyError if unusable."""
-    kind, _, rest = spec.partition(":")
-    parts = rest.split(":") if rest else []
+    typed = strategy_spec(spec)
     n = sum(1 for w in pool.workers if w.provider != "vote")      # the vote worker is the strategy's, not the pool's
-    if kind == "fixed" and len(parts) == 1:
-        return FixedWorkflowPolicy.single_worker(_ordinal(parts[0], n, spec))
-    if kind == "sc" and len(parts) == 2:
-        votes = [i for i, w in enumerate(pool.workers) if w.provider == "vote"]
-        if not votes:
-            raise StrategyError(f"strategy {spec!r}: the pool has no vote worker (build it with strategy_pool)")
-        vote = votes[0]
-        return self_consistency(_ordinal(parts[0], n, spec), _int(parts[1], spec, "k", 1), vote)
-    if kind == "moa" and len(parts) == 2:
-        proposers = [_ordinal(p, n, spec) for p in parts[0].replace("+", ",").split(",")]
-        return mixture_of_agents(proposers, _ordinal(parts[1], n, spec))
-    if kind == "random" and len(parts) <= 2:
-        seed = _int(parts[0], spec, "seed", 0) if parts else 0
-        max_steps = _int(parts[1], spec, "max_steps", 1) if len(parts) > 1 else DEFAULT_MAX_STEPS
-        return RandomWorkflowPolicy(n, max_steps, seed, name=spec)
-    raise StrategyError(f"strategy {spec!r}: expected fixed:I, sc:I:K, moa:P1+P2+...:AGG or random[:SEED[:MAX_STEPS]]")
+    match typed:
+        case FixedSpec(worker=i):
+            return FixedWorkflowPolicy.single_worker(_in_pool(i, n, typed))
+        case SelfConsistencySpec(worker=i, k=k):
+            votes = [j for j, w in enumerate(pool.workers) if w.provider == "vote"]
+            if not votes:
+                raise StrategyError(f"strategy {str(typed)!r}: the pool has no vote worker (build it with strategy_pool)")
+            return self_consistency(_in_pool(i, n, typed), k, votes[0])
+        case MixtureSpec(proposers=proposers, aggregator=agg):
+            return mixture_of_agents([_in_pool(p, n, typed) for p in proposers], _in_pool(agg, n, typed))
+        case RandomSpec(seed=seed, max_steps=max_steps):
+            return RandomWorkflowPolicy(n, max_steps or DEFAULT_MAX_STEPS, seed or 0, name=str(typed))
+    raise StrategyError(f"strategy {str(spec)!r}: expected {STRATEGY_FORMS}")
 
 
-def check_strategy(spec: str, pool: Pool, max_steps: int) -> None:
+def check_strategy(spec: ConductorSpec | str, pool: Pool, max_steps: int) -> None:
     """Refuse, before anything starts, a strategy spec that cannot run over ``pool`` within ``max_steps``."""
-    if not is_strategy(spec):
+    typed = strategy_spec(spec)
+    if typed is None:
         return
-    make_strategy(spec, strategy_pool(spec, pool))
-    need = steps_needed(spec)
-    if need > max_steps:
-        raise StrategyError(f"strategy {spec!r} writes {need} steps: run it with --max-steps {need} or more")
+    make_strategy(typed, strategy_pool(typed, pool))
+    if typed.steps_needed > max_steps:
+        raise StrategyError(f"strategy {str(typed)!r} writes {typed.steps_needed} steps: run it with --max-steps "
+                            f"{typed.steps_needed} or more")

@@ -14,17 +14,23 @@ top-p truncation is not folded in, matching what a GRPO ratio recomputes.
 Constrained decoding (``GenerationParams.grammar``, the project's GBNF): llguidance
 (the grammar engine behind llama.cpp's ``%llguidance`` mode and vLLM's ``guidance``
 backend; no dependencies, CPU wheel) converts the GBNF and a ``LogitsProcessor``
-masks every row's next-token scores to what the grammar allows, before temperature
-and top-p. Log-probs stay those of the unconstrained model, as on the other backends.
+(``conductor.decoding.mask``) masks the whole batch's next-token scores on the model's
+device to what the grammar allows, before temperature and top-p. Log-probs stay those
+of the unconstrained model, as on the other backends.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from conductor.decoding.mask import GrammarLogitsProcessor
+from conductor.decoding.vocabulary import eos_token_ids, llguidance_vocabulary, output_size
 from conductor.policy.base import Generation, GenerationParams
+
+if TYPE_CHECKING:
+    from conductor.decoding.contract import ConductorFormat
 
 
 class TransformersBackend:
@@ -48,9 +54,9 @@ class TransformersBackend:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.eos_ids = eos_token_ids(model, tokenizer)
         self._lltok: tuple[int, Any] | None = None     # (vocabulary size, llguidance tokenizer), built once
-        # A checkpoint's decoding contract (conductor_format.json, conductor.learning.grpo.format): when set, every
-        # generation decodes under its grammar for the number of workers the prompt lists.
-        self.conductor_format: Any = None
+        # A checkpoint's decoding contract (conductor_format.json, conductor.decoding.contract): when set, every
+        # generation decodes under its grammar for the number of workers the caller says the prompt lists.
+        self.conductor_format: ConductorFormat | None = None
 
     @classmethod
     def load(cls, path: str | Path, gguf_file: str | None = None, *, device: str | None = None, dtype: str | None = None,
@@ -83,15 +89,17 @@ class TransformersBackend:
                 load_from, gguf = converted, None
         tok_kwargs = {"gguf_file": gguf} if gguf else {}
         tokenizer = AutoTokenizer.from_pretrained(load_from, local_files_only=True, **tok_kwargs)
-        model = AutoModelForCausalLM.from_pretrained(load_from, local_files_only=True, dtype=torch_dtype, **tok_kwargs)
+        # Any: transformers' decorated methods (``to``) do not type-check on the loaded model class
+        model: Any = AutoModelForCausalLM.from_pretrained(load_from, local_files_only=True, dtype=torch_dtype,
+                                                          **tok_kwargs)
         if gguf is not None and cache_converted:
-            _save_converted(model, tokenizer, converted_dir(path / gguf_file))
+            _save_converted(model, tokenizer, converted_dir(path / gguf))
         model.to(device)
         model.eval()
         tokenizer.padding_side = "left"
         backend = cls(model, tokenizer, source=source, **kwargs)
         if gguf_file is None and path.is_dir():
-            from conductor.learning.grpo.format import load_format
+            from conductor.decoding.contract import load_format
 
             backend.conductor_format = load_format(path)
         return backend
@@ -128,26 +136,16 @@ class TransformersBackend:
         return out
 
     def _generate_formatted(self, prompts: list[str], n: int, params: GenerationParams) -> list[list[Generation]]:
-        """Generate under the checkpoint's own grammar, one call per distinct number of listed workers."""
+        """Generate under the checkpoint's own grammar, over the ``params.n_workers`` workers the prompts list."""
         from dataclasses import replace
 
-        from conductor.learning.grpo.format import n_workers_in
-
+        if params.n_workers is None:
+            raise ValueError(f"transformers backend ({self.source}): this checkpoint decodes under its workflow "
+                             "grammar, which needs the number of workers the prompt lists (GenerationParams.n_workers)")
         fmt, self.conductor_format = self.conductor_format, None
+        assert fmt is not None
         try:
-            by_k: dict[int, list[int]] = {}
-            for i, p in enumerate(prompts):
-                k = n_workers_in(p)
-                if k is None:
-                    raise ValueError("transformers backend: this checkpoint decodes under its workflow grammar, "
-                                     "but the prompt lists no 'Model i' workers")
-                by_k.setdefault(k, []).append(i)
-            out: list[list[Generation]] = [[] for _ in prompts]
-            for k, idx in by_k.items():
-                gens = self.generate([prompts[i] for i in idx], n, replace(params, grammar=fmt.grammar(k)))
-                for i, g in zip(idx, gens):
-                    out[i] = g
-            return out
+            return self.generate(prompts, n, replace(params, grammar=fmt.grammar(params.n_workers)))
         finally:
             self.conductor_format = fmt
 
@@ -221,107 +219,13 @@ class TransformersBackend:
 
     def llguidance_tokenizer(self) -> Any:
         """llguidance's view of this model's vocabulary, built once (rebuilt if the output size changes)."""
-        n_vocab = int(self.model.get_output_embeddings().weight.shape[0])
+        n_vocab = output_size(self.model)
         if self._lltok is None or self._lltok[0] != n_vocab:
             self._lltok = (n_vocab, llguidance_vocabulary(self.model, self.tokenizer, self.eos_ids))
         return self._lltok[1]
 
     def close(self) -> None:
         self.model = None
-
-
-class GrammarLogitsProcessor:
-    """A transformers logits processor that keeps every row inside a GBNF grammar (llguidance matchers).
-
-    Built per ``generate`` call: the first call sees the prompts and creates one matcher per row; each later
-    call first feeds every row's newly sampled token to its matcher. A row whose matcher has stopped (it
-    wrote end-of-turn after a complete workflow) may only write end tokens while ``generate`` pads it.
-    """
-
-    def __init__(self, lltok: Any, grammar: str, eos_ids: set[int]):
-        import llguidance
-
-        try:
-            self.grammar = llguidance.grammar_from("gbnf", grammar)
-        except ValueError as e:
-            raise ValueError(f"transformers backend: the grammar does not convert: {e}") from None
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(self.grammar, lltok)
-        if is_error:
-            raise ValueError(f"transformers backend: invalid grammar: {messages[0] if messages else '?'}")
-        self.lltok = lltok
-        self.eos = sorted(eos_ids)
-        self.matchers: list[Any] | None = None
-        self.errors: list[str] = []
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        import llguidance
-        import numpy as np
-        import torch
-
-        rows, n_vocab = input_ids.shape[0], scores.shape[-1]
-        if self.matchers is None:
-            self.matchers = [llguidance.LLMatcher(self.lltok, self.grammar, log_level=0) for _ in range(rows)]
-        else:
-            for m, t in zip(self.matchers, input_ids[:, -1].tolist()):
-                if not m.is_stopped() and not m.consume_token(int(t)):
-                    self.errors.append(m.get_error())
-        allow = np.zeros((rows, n_vocab), dtype=bool)
-        for b, m in enumerate(self.matchers):
-            if m.is_stopped():
-                allow[b, self.eos] = True
-                continue
-            bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")
-            k = min(n_vocab, bits.shape[0])
-            allow[b, :k] = bits[:k].astype(bool)
-        return scores.masked_fill(~torch.from_numpy(allow).to(scores.device), float("-inf"))
-
-
-def llguidance_vocabulary(model: Any, tokenizer: Any, eos_ids: set[int]) -> Any:
-    """llguidance's tokenizer for a model: its vocabulary at the output layer's size, its end tokens."""
-    import llguidance.hf
-
-    n_vocab = int(model.get_output_embeddings().weight.shape[0])
-    return llguidance.hf.from_tokenizer(tokenizer, n_vocab=n_vocab, eos_token=sorted(eos_ids))
-
-
-def choice_positions(lltok: Any, grammar: str, token_ids: list[int]) -> list[bool]:
-    """For each token of a completion decoded under ``grammar``: did the grammar leave a choice there?
-
-    WHY: under a workflow grammar most of a completion is forced (the rest of a vocabulary subtask once its
-    first token is out, brackets, quotes, the end token): the constrained policy puts probability 1 on those
-    tokens whatever the weights, so they carry no decision and no policy gradient. Training on them anyway
-    spends most of a token-weighted loss (and the KL and entropy figures) on tokens that never change a
-    workflow. A position counts as a choice when the grammar allowed more than one token; tokens after one
-    the grammar rejects (not decoded under it) all count as choices.
-    """
-    import llguidance
-    import numpy as np
-
-    matcher = llguidance.LLMatcher(lltok, llguidance.grammar_from("gbnf", grammar), log_level=0)
-    out: list[bool] = []
-    for i, t in enumerate(token_ids):
-        if matcher.is_stopped():
-            out.append(False)                    # past a complete workflow only the end token may follow
-            continue
-        bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
-        out.append(int(bits.sum()) > 1)
-        if not matcher.consume_token(int(t)):
-            return out + [True] * (len(token_ids) - i - 1)
-    return out
-
-
-def eos_token_ids(model: Any, tokenizer: Any) -> set[int]:
-    """End-of-turn ids: the generation config's, the tokenizer's, and ChatML's ``<|im_end|>``."""
-    ids: set[int] = set()
-    cfg = getattr(model, "generation_config", None)
-    eos = getattr(cfg, "eos_token_id", None)
-    ids.update(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
-    if im_end is not None:
-        ids.add(im_end)
-    return ids
 
 
 def detach_gguf_quantizer(model: Any) -> Any:

@@ -16,6 +16,7 @@ StructuredOutputsParams(grammar=...))`` (vLLM >= 0.10.2; the older
 
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import replace
 from typing import Any
@@ -88,7 +89,7 @@ def sampling_kwargs(n: int, params: GenerationParams, sampling_module: Any = Non
                                   logprobs=0 if params.logprobs else None)
     if params.grammar:
         if sampling_module is None:
-            import vllm.sampling_params as sampling_module
+            sampling_module = importlib.import_module("vllm.sampling_params")
         if hasattr(sampling_module, "StructuredOutputsParams"):
             kwargs["structured_outputs"] = sampling_module.StructuredOutputsParams(grammar=params.grammar)
         elif hasattr(sampling_module, "GuidedDecodingParams"):

@@ -4,7 +4,7 @@ Every strategy (the conductor, single workers, self-consistency, Mixture-of-Agen
 ordinary run in one lake, so one function reads them all the same way: per dataset accuracy +/- s.e. (over
 questions), the average over datasets, calls, tokens, dollars and seconds per question, and a paired test of
 the conductor against the best single worker on the questions both answered (question-level paired bootstrap
-and exact McNemar, ``conductor.learning.evaluation``). Seconds are the executed workflow's wall clock from the lake (the
+and exact McNemar, ``conductor.stats.paired``). Seconds are the executed workflow's wall clock from the lake (the
 conductor's own generation time is not recorded there). The plot puts every strategy at (cost, accuracy),
 cost in dollars, or in seconds when every strategy was free.
 """
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import polars as pl
 
 if TYPE_CHECKING:
-    from conductor.learning.evaluation import EvalRow
+    from conductor.stats.paired import EvalRow
 
 CONDUCTOR = "conductor"
 _COLUMNS = ("question_id", "dataset", "domain", "sample_index", "correct", "reward", "infra_failed", "parse_status",
@@ -176,7 +176,7 @@ def answer_runs(lake: str, kind: str = "answer") -> list[tuple[str, str]]:
 
 def _eval_rows(df: pl.DataFrame) -> list[EvalRow]:
     """EvalRows paired on (dataset, question): two datasets may reuse a question id."""
-    from conductor.learning.evaluation import to_rows
+    from conductor.stats.paired import to_rows
 
     rows = df.with_columns((pl.col("dataset") + "\x1f" + pl.col("question_id")).alias("question_id")).to_dicts()
     return to_rows(rows)
@@ -200,7 +200,7 @@ def elapsed_seconds(df: pl.DataFrame) -> float:
 def strategy_row(label: str, df: pl.DataFrame, elapsed_s: float | None = None) -> StrategyRow:
     """One strategy's line of the table from its (non-empty) run frame; ``elapsed_s``: the run's measured wall
     seconds, else estimated from the lake (``elapsed_seconds``)."""
-    from conductor.learning.evaluation import question_mean_se
+    from conductor.stats.paired import question_mean_se
 
     datasets: dict[str, DatasetScore] = {}
     for (name,), part in sorted(df.group_by(["dataset"]), key=lambda kv: str(kv[0][0])):
@@ -223,7 +223,7 @@ def strategy_row(label: str, df: pl.DataFrame, elapsed_s: float | None = None) -
 def paired_test(conductor: tuple[str, pl.DataFrame], baseline: tuple[str, pl.DataFrame], n_boot: int = 10_000,
                 seed: int = 0) -> PairedTest:
     """Question-level paired bootstrap and exact McNemar (one pair per question) on the shared questions."""
-    from conductor.learning.evaluation import mcnemar, paired_bootstrap, question_scores
+    from conductor.stats.paired import mcnemar, paired_bootstrap, question_scores
 
     a, b = _eval_rows(conductor[1]), _eval_rows(baseline[1])
     bs = paired_bootstrap(question_scores(a, "correct"), question_scores(b, "correct"), n_boot=n_boot, seed=seed)
@@ -248,7 +248,8 @@ def compare_runs(lake: str, runs: list[tuple[str, str]], *, kind: str = "answer"
     elapsed = elapsed or {}
     rows = [strategy_row(label, df, elapsed.get(run_id)) for (label, df), (_, run_id) in zip(frames.items(), runs)]
     datasets = sorted({d for r in rows for d in r.datasets})
-    singles = [r for r in rows if r.label.startswith("fixed:") and not math.isnan(r.average)]
+    from conductor.policy.spec import is_single_worker
+    singles = [r for r in rows if is_single_worker(r.label) and not math.isnan(r.average)]
     best = max(singles, key=lambda r: r.average).label if singles else None   # max keeps the first of ties
     paired = None
     if best is not None and conductor in frames:
@@ -266,8 +267,8 @@ def compare_runs(lake: str, runs: list[tuple[str, str]], *, kind: str = "answer"
 
 def write_outputs(comparison: Comparison, out_dir: str | Path, title: str = "Strategy comparison") -> dict[str, Path]:
     """compare.md (table, paired test, plot), compare.json and compare.png in ``out_dir`` (atomic writes)."""
+    from conductor.files import atomic_write_text
     from conductor.lake.report import plot_cost_points
-    from conductor.run.summary import atomic_write_text
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from conductor.execution.shared_limits import LimitsField
+from conductor.policy.spec import AutoSpec, ChampionSpec, ConductorSpec, ConductorSpecField
+from conductor.prompts import FewShotField, FewShotSpec
 from conductor.resources import data_path
 
 if TYPE_CHECKING:
@@ -94,8 +97,8 @@ def read_yaml(file: str | os.PathLike[str]) -> dict[str, Any]:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{file}{line}: not valid YAML: {getattr(e, 'problem', None) or str(e).splitlines()[0]}") from None
+        at = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{file}{at}: not valid YAML: {getattr(e, 'problem', None) or str(e).splitlines()[0]}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -108,32 +111,49 @@ class AnswerConfig(RunConfig):
 
     kind: ClassVar[Literal["answer"]] = "answer"
 
-    questions: str                         # a file (local or s3://) or dataset names with limits
-    out: str                               # output directory: lake/, answers.jsonl, summary.json, report/
-    pool: str = DEFAULT_POOL
-    conductor: str = "auto"
-    samples: int = Field(1, ge=1)
-    recursion_depth: int = Field(0, ge=0)
-    limit: int | None = Field(None, ge=1)
-    shard_size: int = Field(5, ge=1)
-    k: int | None = Field(None, ge=1)
-    seed: int = 0
-    temperature: float | None = Field(None, ge=0)   # None: greedy for the untrained embedded conductor, else 0.7
-    max_tokens: int = Field(768, ge=16)
-    run_id: str | None = None              # None: derived from the questions and the settings (reruns resume)
-    cache: str | None = None               # None: OUT/cache.sqlite
-    replay: bool = False
-    lake: str | None = None                # None: OUT/lake
-    fewshot: str = "auto"
-    constrained: bool | None = None        # None: on for the embedded conductor
-    max_steps: int = Field(5, ge=1)
-    max_cost: float | None = Field(None, gt=0)   # dollars per question; steps past it are not run (executor)
-    retry_failed: bool = True
-    batch: bool = False
-    batch_poll_s: float = Field(60.0, gt=0)
-    limits: str | None = None
-    compact: bool = False
-    show_progress: bool | None = None      # a progress bar (None: when the terminal is interactive)
+    questions: str = Field(description="A JSONL/CSV/Parquet file (local or s3://) with id, question and optional "
+                           "answer; or dataset names with optional limits, e.g. gsm8k_test:10,mmlu_stem:10.")
+    out: str = Field(description="Output directory: lake/, answers.jsonl, summary.json, report/.")
+    pool: str = Field(DEFAULT_POOL, description="Worker pool manifest (default: the embedded local pool).")
+    conductor: ConductorSpecField = Field(AutoSpec(), description=(
+        "Conductor policy: auto (the champion if one was promoted, else embedded), embedded, "
+        "transformers:DIR[#FILE.gguf], llamacpp:FILE.gguf, vllm:MODEL, openai:MODEL@URL, or champion (the "
+        "registry's); or a baseline strategy (docs/strategies.md): fixed:I, sc:I:K, moa:P1+P2+...:AGG, "
+        "random[:SEED[:MAX_STEPS]]."))
+    samples: int = Field(1, ge=1, description="Conductor samples per question.")
+    recursion_depth: int = Field(0, ge=0, description="Extra conductor rounds over its own answer.")
+    limit: int | None = Field(None, ge=1, description="Answer only the first N questions.")
+    shard_size: int = Field(5, ge=1, description="Questions per shard (the unit of resume).")
+    k: int | None = Field(None, ge=1, description="Show the conductor a random k-of-n sub-pool per question.")
+    seed: int = Field(0, description="Seed of the sub-pool draws and the conductor's sampling.")
+    temperature: float | None = Field(None, ge=0, description="Conductor sampling temperature (default: 0, greedy, "
+                                      "for the untrained embedded conductor; 0.7 otherwise).")
+    max_tokens: int = Field(768, ge=16, description="Conductor completion limit.")
+    run_id: str | None = Field(None, description="Name the run (default: derived from the inputs, so reruns resume).")
+    cache: str | None = Field(None, description="Response cache (SQLite); default OUT/cache.sqlite.")
+    replay: bool = Field(False, description="Answer only from the cache; never call a provider.")
+    lake: str | None = Field(None, description="Lake root for the trajectories: a local path or s3://bucket/prefix "
+                             "(default OUT/lake; S3 credentials from AWS_* variables).")
+    fewshot: FewShotField = Field(FewShotSpec(policy="auto"), description=(
+        "Conductor prompt and examples: auto (informed for the untrained embedded conductor, else ood), informed "
+        "(worker notes, examples on this pool's roles), ood (the paper's default), in_domain, mixed, none; "
+        "optionally :k."))
+    constrained: bool | None = Field(None, description="Decode the conductor under the workflow grammar (default: "
+                                     "on for the embedded conductor, off otherwise).")
+    max_steps: int = Field(5, ge=1, description="Most steps a workflow may have (the paper: 5).")
+    max_cost: float | None = Field(None, gt=0, description="Dollars per question: a step that would start once they "
+                                   "are spent is not run, and the answer is the last step that ran.")
+    retry_failed: bool = Field(True, description="Redo questions an earlier run of this command lost to "
+                               "infrastructure failures (default), or keep them as they are.")
+    batch: bool = Field(False, description="Send the OpenAI, Anthropic and Gemini workers' calls through their batch "
+                        "APIs: half price, answers within hours (docs/operations.md).")
+    batch_poll_s: float = Field(60.0, gt=0, description="Seconds between polls of a batch.")
+    limits: LimitsField | None = Field(None, description="Share provider limits with other processes: sqlite:PATH (one "
+                               "machine) or prefect (a Prefect server); default: this process alone.")
+    compact: bool = Field(False, description="Merge the run's shard files into a few large ones at the end "
+                          "(conductor lake compact).")
+    show_progress: bool | None = Field(None, description="A progress bar (default: when the terminal is "
+                                       "interactive); not a command-line option.")
 
     _paths = field_validator("out", "pool", "cache", "lake", mode="before")(
         classmethod(lambda cls, v: expand_path(v)))
@@ -159,7 +179,7 @@ class AnswerConfig(RunConfig):
     def pipeline_settings(self) -> dict[str, Any]:
         """The ``RunSpec`` fields this configuration decides."""
         return {"samples": self.samples, "subpool_k": self.k, "seed": self.seed, "recursion_depth": self.recursion_depth,
-                "temperature": self.temperature, "max_tokens": self.max_tokens, "fewshot": self.fewshot,
+                "temperature": self.temperature, "max_tokens": self.max_tokens, "fewshot": str(self.fewshot),
                 "constrained": bool(self.constrained), "max_steps": self.max_steps,
                 "max_dollars_per_question": self.max_cost}
 
@@ -167,69 +187,142 @@ class AnswerConfig(RunConfig):
 class RolloutConfig(RunConfig):
     """``conductor rollout`` (and the evaluation runs, ``kind: eval``): GRPO groups written to the lake."""
 
-    questions: str
-    lake: str
-    pool: str
-    conductor: str                         # a policy spec, e.g. transformers:CKPT_DIR, or a baseline strategy
-    run_id: str                            # rerunning it resumes (committed shards are skipped)
-    group_size: int = Field(8, ge=1)       # GRPO group size G: samples per question
-    k: int | None = Field(None, ge=1)
-    seed: int = 0
-    temperature: float = Field(1.0, ge=0)
-    max_tokens: int = Field(1024, ge=16)
-    recursion_depth: int = Field(0, ge=0)
-    limit: int | None = Field(None, ge=1)
-    offset: int = Field(0, ge=0)           # a window over the set, wrapping around (iteration i of a training mix)
-    shard_size: int = Field(4, ge=1)
-    cache: str | None = None
-    kind: Literal["rollout", "eval"] = "rollout"
-    checkpoint_id: str | None = None       # None: derived from the conductor spec
-    fewshot: str = "ood"
-    limits: str | None = None
-    max_cost: float | None = Field(None, gt=0)   # dollars per question; steps past it are not run (executor)
+    questions: str = Field(description="Training questions: dataset names with limits or a file.")
+    lake: str = Field(description="Lake root (local path or s3://).")
+    pool: str = Field(description="Worker pool manifest.")
+    conductor: ConductorSpecField = Field(description=(
+        "Policy spec, e.g. transformers:CKPT_DIR or vllm:CKPT_DIR, or a baseline strategy."))
+    run_id: str = Field(description="Rollout run id (rerunning it resumes: committed shards are skipped).")
+    group_size: int = Field(8, ge=1, description="GRPO group size G (samples per question).")
+    k: int | None = Field(None, ge=1, description="Randomized k-of-n sub-pools per question.")
+    seed: int = Field(0, description="Seed of the sub-pool draws and the conductor's sampling.")
+    temperature: float = Field(1.0, ge=0, description="Conductor sampling temperature.")
+    max_tokens: int = Field(1024, ge=16, description="Conductor completion limit.")
+    recursion_depth: int = Field(0, ge=0, description="Extra conductor rounds over its own answer.")
+    limit: int | None = Field(None, ge=1, description="Roll out only N questions.")
+    offset: int = Field(0, ge=0, description=(
+        "Start the window of questions here, wrapping around (iteration i of a training mix)."))
+    shard_size: int = Field(4, ge=1, description="Questions per shard (the unit of resume).")
+    cache: str | None = Field(None, description="Response cache (SQLite).")
+    kind: Literal["rollout", "eval"] = Field("rollout", description="rollout, or eval for an evaluation run.")
+    checkpoint_id: str | None = Field(None, description=(
+        "The policy's checkpoint id (default: derived from the conductor spec)."))
+    fewshot: FewShotField = Field(FewShotSpec(policy="ood"), description=(
+        "Conductor prompt and examples (as `conductor answer --fewshot`)."))
+    limits: LimitsField | None = Field(None, description=(
+        "Share provider limits with other processes: sqlite:PATH or prefect."))
+    max_cost: float | None = Field(None, gt=0, description="Dollars per question: steps past it are not run.")
 
     _paths = field_validator("pool", "lake", mode="before")(classmethod(lambda cls, v: expand_path(v)))
 
     def pipeline_settings(self) -> dict[str, Any]:
         """The ``RunSpec`` fields this configuration decides."""
         return {"samples": self.group_size, "subpool_k": self.k, "seed": self.seed, "temperature": self.temperature,
-                "max_tokens": self.max_tokens, "recursion_depth": self.recursion_depth, "fewshot": self.fewshot,
+                "max_tokens": self.max_tokens, "recursion_depth": self.recursion_depth, "fewshot": str(self.fewshot),
                 "max_dollars_per_question": self.max_cost}
 
 
 class NightlyConfig(RunConfig):
     """``conductor nightly``: retrain when the pool changed, evaluate, promote if significantly better."""
 
-    pool: str
-    train_questions: str
-    eval_questions: str
-    work_dir: str                          # lake, checkpoints, cache, registry and reports live here
-    base: str                              # the checkpoint to start from when there is no champion
-    registry: str | None = None            # None: WORK_DIR/registry
-    night: str | None = None               # None: today (UTC); rerunning a night resumes it
-    iterations: int = Field(2, ge=1)
-    questions_per_iteration: int = Field(4, ge=1)
-    group_size: int = Field(8, ge=2)
-    k: int | None = Field(None, ge=1)
-    seed: int = 0
-    eval_samples: int = Field(2, ge=1)
-    eval_limit: int | None = Field(None, ge=1)
-    max_tokens: int = Field(1024, ge=16)
-    grpo: dict[str, Any] | None = None     # GRPO config overrides (conductor.learning.grpo.config)
-    heldout_workers: list[str] | None = None
-    baselines: bool = True                 # also evaluate every single worker, for the report's plot
-    headroom: bool = True                  # before training on a new pool: the headroom check (conductor/stats)
-    force: bool = False                    # retrain even if the pool is unchanged
-    max_calls: int | None = Field(None, ge=1)
-    max_dollars: float | None = Field(None, ge=0)
-    max_hours: float | None = Field(None, ge=0)
-    promotion: dict[str, Any] | None = None   # PromotionPolicy fields (conductor.learning.registry)
-    shard_size: int = Field(4, ge=1)
-    backend: str = "transformers"          # the policy backend that samples rollouts from a checkpoint
-    lake: str | None = None                # None: WORK_DIR/lake
-    fewshot: str = "ood"
-    tracking_uri: str | None = None        # MLflow; None: $MLFLOW_TRACKING_URI or WORK_DIR/mlruns; "none": off
-    conductor_format: dict[str, Any] | None = None   # a decoding contract for the base (conductor.learning.grpo.format)
-    limits: str | None = None
+    pool: str = Field(description="Worker pool manifest.")
+    train_questions: str = Field(description="Training mix, e.g. gsm8k_train:200,mmlu:200.")
+    eval_questions: str = Field(description="Held-out evaluation questions.")
+    work_dir: str = Field(description="Lake, checkpoints, cache, registry and reports live here.")
+    base: str = Field(description="Checkpoint to start from when there is no champion.")
+    registry: str | None = Field(None, description="Registry root or mlflow+URI#model (default WORK_DIR/registry).")
+    night: str | None = Field(None, description="Night tag (default today, UTC); rerunning a night resumes it.")
+    iterations: int = Field(2, ge=1, description="Rollout -> GRPO iterations per night.")
+    questions_per_iteration: int = Field(4, ge=1, description="Training questions per iteration.")
+    group_size: int = Field(8, ge=2, description="GRPO group size G (samples per question).")
+    k: int | None = Field(None, ge=1, description="Randomized k-of-n sub-pools per question.")
+    seed: int = Field(0, description="Seed of the sub-pool draws, the sampling and the statistics.")
+    eval_samples: int = Field(2, ge=1, description="Repeated samples per evaluation question.")
+    eval_limit: int | None = Field(None, ge=1, description="Evaluate on only the first N questions.")
+    max_tokens: int = Field(1024, ge=16, description="Conductor completion limit.")
+    grpo: dict[str, Any] | None = Field(None, description="GRPO config overrides (conductor.learning.grpo.config).")
+    heldout_workers: list[str] | None = Field(None, description=(
+        "Workers forming a held-out sub-pool for the evaluation."))
+    baselines: bool = Field(True, description="Also evaluate every single worker, for the report's plot.")
+    headroom: bool = Field(True, description="Before training on a new pool: the headroom check (conductor/stats).")
+    force: bool = Field(False, description="Retrain even if the pool is unchanged.")
+    max_calls: int | None = Field(None, ge=1, description="Stop between stages after this many worker calls.")
+    max_dollars: float | None = Field(None, ge=0, description="Stop between stages after this many dollars.")
+    max_hours: float | None = Field(None, ge=0, description="Stop between stages after this many hours.")
+    promotion: dict[str, Any] | None = Field(None, description=(
+        "PromotionPolicy fields (conductor.learning.registry)."))
+    shard_size: int = Field(4, ge=1, description="Questions per shard (the unit of resume).")
+    backend: str = Field("transformers", description="Rollout backend for checkpoints: transformers or vllm.")
+    lake: str | None = Field(None, description="Lake root (default WORK_DIR/lake; local path or s3://).")
+    fewshot: FewShotField = Field(FewShotSpec(policy="ood"), description=(
+        "Conductor prompt and examples (as `conductor answer --fewshot`)."))
+    tracking_uri: str | None = Field(None, description=(
+        "MLflow tracking URI (default $MLFLOW_TRACKING_URI or WORK_DIR/mlruns; none: off)."))
+    conductor_format: dict[str, Any] | None = Field(None, description=(
+        "A decoding contract for the base (conductor.decoding.contract)."))
+    limits: LimitsField | None = Field(None, description=(
+        "Share provider limits with other processes: sqlite:PATH or prefect."))
+    served_labels: str | None = Field(None, description=(
+        "A labels file: served requests it answers join the training mix."))
+    served_lake: str | None = Field(None, description="Where `conductor serve` writes (default: the night's lake).")
 
-    _paths = field_validator("pool", "work_dir", "lake", mode="before")(classmethod(lambda cls, v: expand_path(v)))
+    _paths = field_validator("pool", "work_dir", "lake", "served_labels", "served_lake", mode="before")(classmethod(lambda cls, v: expand_path(v)))
+
+
+class EvaluateConfig(RunConfig):
+    """``conductor evaluate`` and the nightly evaluation: a candidate and the champion (conductor specs) on the
+    same held-out questions, pool and seeds; repeated samples; optionally again on a held-out sub-pool."""
+
+    candidate: ConductorSpecField = Field(description="Candidate policy spec.")
+    champion: ConductorSpecField = Field(ChampionSpec(), description="Champion policy spec (default: the registry's).")
+    questions: str = Field(description="Held-out questions: dataset names with limits or a file.")
+    pool: str = Field(description="Worker pool manifest.")
+    lake: str = Field(description="Lake root the evaluation runs go to (local path or s3://).")
+    out: str = Field(description="Where evaluation.json goes.")
+    samples: int = Field(4, ge=1, description="Repeated samples per question.")
+    seed: int = Field(0, description="Seed of the sub-pool draws, the conductor's sampling and the bootstrap.")
+    temperature: float = Field(0.7, ge=0, description="Conductor sampling temperature.")
+    max_tokens: int = Field(1024, ge=16, description="Conductor completion limit.")
+    k: int | None = Field(None, ge=1, description="Randomized k-of-n sub-pools per question (main pool only).")
+    heldout_workers: list[str] | None = Field(None, description="Workers forming a held-out sub-pool.")
+    limit: int | None = Field(None, ge=1, description="Evaluate only the first N questions.")
+    cache: str | None = Field(None, description="Response cache (SQLite).")
+    shard_size: int = Field(4, ge=1, description="Questions per shard (the unit of resume).")
+    candidate_id: str | None = Field(None, description="The candidate's checkpoint id (default: from its spec).")
+    champion_id: str | None = Field(None, description="The champion's checkpoint id (default: from its spec).")
+    fewshot: FewShotField = Field(FewShotSpec(policy="ood"), description="Conductor prompt and examples (as "
+                                  "`conductor answer --fewshot`).")
+    limits: LimitsField | None = Field(None, description="Provider limits shared with other processes (sqlite:PATH, "
+                               "prefect).")
+    objective: dict[str, Any] | None = Field(None, description="CostObjective fields: compare on the cost-aware "
+                                             "reward instead of accuracy (conductor/grading/objective.py).")
+
+    _paths = field_validator("pool", "lake", "out", mode="before")(classmethod(lambda cls, v: expand_path(v)))
+
+    def rollout(self, spec: ConductorSpec | str, checkpoint_id: str, run_id: str, pool: str, k: int | None) -> RolloutConfig:
+        """The evaluation run of one policy on one pool (``kind: eval``)."""
+        return RolloutConfig(questions=self.questions, lake=self.lake, pool=pool, conductor=spec, run_id=run_id,
+                             group_size=self.samples, k=k, seed=self.seed, temperature=self.temperature,
+                             max_tokens=self.max_tokens, limit=self.limit, shard_size=self.shard_size,
+                             cache=self.cache, kind="eval", checkpoint_id=checkpoint_id, fewshot=self.fewshot,
+                             limits=self.limits)
+
+
+class TrainConfig(RunConfig):
+    """One GRPO step (flows/train.py): a rollout run in the lake updates ``base`` into the checkpoint ``out``."""
+
+    base: str = Field(description="The policy to update: a checkpoint directory, a .gguf file or an s3:// URL.")
+    lake: str = Field(description="Lake root holding the rollout run.")
+    run_id: str = Field(description="The rollout run to train on.")
+    out: str = Field(description="Where the new checkpoint is saved.")
+    checkpoint_id: str = Field(description="The new checkpoint's id.")
+    registry: str | None = Field(None, description="Register the checkpoint there (as a candidate).")
+    grpo: dict[str, Any] | None = Field(None, description="GRPO config overrides (conductor.learning.grpo.config).")
+    nproc_per_node: int | None = Field(None, ge=1, description="Training processes (GPUs) for `distributed: fsdp` "
+                                       "(default: one per visible GPU under fsdp, else 1).")
+    reference: str | None = Field(None, description="The policy KL is measured against or penalised to "
+                                  "(default: base).")
+    tracking: dict[str, Any] | None = Field(None, description="MLflow settings: uri, experiment, and run_id or "
+                                            "run_name.")
+    step: int | None = Field(None, ge=0, description="The MLflow step the metrics are logged at (default: the "
+                             "checkpoint's iteration).")

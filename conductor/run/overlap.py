@@ -15,7 +15,7 @@ import contextvars
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
 _END = object()
@@ -41,14 +41,18 @@ def one_ahead(items: Iterator[T]) -> Iterator[T]:
     """
     context = contextvars.copy_context()
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="one-ahead")
+
+    def advance() -> object:
+        return context.run(next, items, _END)
+
     try:
-        pending = pool.submit(context.run, next, items, _END)
+        pending = pool.submit(advance)
         while True:
             item = pending.result()
             if item is _END:
                 return
-            pending = pool.submit(context.run, next, items, _END)
-            yield item
+            pending = pool.submit(advance)
+            yield cast(T, item)    # not _END, so one of ``items``
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 

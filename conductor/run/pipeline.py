@@ -3,12 +3,12 @@
 Bulk answering, rollouts and evaluation are the same pipeline with a different
 ``kind``; they differ only in the ``RunSpec`` (samples per question, sub-pool
 sampling, temperature). Each stage is a plain function so Prefect tasks can wrap
-them one-to-one, and each reads only what the previous stage produced.
+them one-to-one, and each reads only what the previous stage produced; the one
+loop that runs them shard by shard and commits each shard is conductor/run/shards.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import datetime as _dt
 import hashlib
 import time
@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from conductor.prompts import conductor_prompt
+from conductor.prompts import FewShotSpec, conductor_prompt
 from conductor.trajectory import Kind, Round, Trajectory, trajectory_id
 from conductor.workers.pool import Pool, SubPool
 from conductor.workflow import DEFAULT_MAX_STEPS
@@ -42,7 +42,7 @@ class RunSpec:
     recursion_depth: int = 0            # extra conductor rounds allowed after the first
     recursion_call_factor: float = 2.0  # total worker calls stay below factor x the first round's (paper: < 2x)
     max_steps: int = DEFAULT_MAX_STEPS
-    fewshot: str = "ood"
+    fewshot: str = "ood"                # a few-shot setting's canonical text (conductor.prompts.FewShotSpec)
     constrained: bool = False           # decode under the workflow grammar (small untrained conductors)
     temperature: float = 1.0            # conductor sampling (paper: 1.0 for GRPO groups)
     max_tokens: int = 1024              # conductor completion limit (paper: 1024)
@@ -81,9 +81,12 @@ class RunSpec:
         return [trajectory_id(self.run_id, q.id, i, salt) for i in range(self.samples)]
 
     def generation_params(self) -> GenerationParams:
+        """Sampling settings, with the sub-pool's size (one per run): a checkpoint's decoding contract needs it."""
         from conductor.policy.base import GenerationParams
 
-        return GenerationParams(temperature=self.temperature, max_tokens=self.max_tokens, seed=self.seed)
+        k = len(self.pool.workers)
+        return GenerationParams(temperature=self.temperature, max_tokens=self.max_tokens, seed=self.seed,
+                                n_workers=min(self.subpool_k, k) if self.subpool_k else k)
 
 
 def plan(questions: Sequence[Question], spec: RunSpec, shard: str = "") -> list[Trajectory]:
@@ -130,10 +133,10 @@ def _params_for(spec: RunSpec, question_id: str) -> GenerationParams:
     params = spec.generation_params()
     if not spec.constrained:
         return params
-    from conductor.grammar import workflow_grammar
+    from conductor.decoding.grammar import workflow_grammar
 
     sub = spec.subpool_for(question_id)
-    plan = 0 if spec.fewshot.startswith("informed") else 240   # the informed examples have no plan line
+    plan = 0 if FewShotSpec.parse(spec.fewshot).policy == "informed" else 240   # informed examples: no plan line
     return replace(params, grammar=workflow_grammar(len(sub), spec.max_steps, plan_chars=plan, tools=sub.tool_ordinals))
 
 
@@ -151,21 +154,15 @@ def execute(trajectories: list[Trajectory], spec: RunSpec, executor: Any,
     With ``spec.recursion_depth > 0`` and a policy, the conductor is called again on its own final answer.
     """
     from conductor.execution.executor import Budget
-    from conductor.execution.recursion import conductor_fn_from_backend, execute_batch
+    from conductor.execution.recursion import conductor_fn_from_backend, run_batch
 
     conductor_fn = (conductor_fn_from_backend(policy, replace(spec.generation_params(), seed=None))
                     if (policy is not None and spec.recursion_depth > 0) else None)
-    if any(w.provider == "simulated" for w in spec.pool.workers):
-        from conductor.workers.providers.simulated import register_gold
-
-        for t in trajectories:  # simulated workers must know the gold answer to be right (or plausibly wrong)
-            if t.gold is not None:
-                register_gold(t.question, t.gold, t.domain, t.dataset)
     budget = Budget(max_calls=spec.max_calls_per_question, max_dollars=spec.max_dollars_per_question,
                     max_seconds=spec.max_seconds_per_question)
-    return asyncio.run(execute_batch(
+    return run_batch(   # one event loop for the stage; its SDK clients are closed on it, not left to the GC
         trajectories, lambda t: spec.subpool_for(t.question_id), executor, on_done=on_done, conductor=conductor_fn,
-        max_depth=spec.recursion_depth, max_steps=spec.max_steps, budget=budget, call_factor=spec.recursion_call_factor))
+        max_depth=spec.recursion_depth, max_steps=spec.max_steps, budget=budget, call_factor=spec.recursion_call_factor)
 
 
 def score(trajectories: list[Trajectory], questions: Sequence[Question], scheme: RewardScheme | None = None) -> list[Trajectory]:
@@ -175,12 +172,3 @@ def score(trajectories: list[Trajectory], questions: Sequence[Question], scheme:
 
     return score_trajectories(trajectories, questions, scheme or PAPER)
 
-
-def run_shard(questions: Sequence[Question], spec: RunSpec, policy: PolicyBackend, executor: Any,
-              shard: str = "", scheme: RewardScheme | None = None,
-              on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
-    """All stages for one shard, in order (the Prefect flow calls the same functions as separate tasks)."""
-    trajs = plan(questions, spec, shard)
-    generate(trajs, policy, spec)
-    execute(trajs, spec, executor, policy, on_done)
-    return score(trajs, questions, scheme)

@@ -1,5 +1,6 @@
-"""Check a run's inputs before anything starts: one plain function the CLI calls before Prefect starts and
-the flow calls again, so a mistake is one ``error:`` line at once, never a traceback after minutes of work.
+"""Check a run's inputs before anything starts: one plain function the CLI calls before Prefect starts (and
+hands its result over to the flow it starts), so a mistake is one ``error:`` line at once, never a traceback
+after minutes of work.
 
 ``prepare_answer`` checks an ``AnswerConfig`` and resolves everything an answer run needs (questions, pool,
 conductor checkpoint, few-shot policy, sub-pool size, run id, output, lake and cache paths) and the key of
@@ -16,8 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from conductor.files import atomic_write_text
+
 if TYPE_CHECKING:
     from conductor.data.questions import Question
+    from conductor.execution.shared_limits import LimitsSpec
+    from conductor.policy.spec import AutoSpec, ChampionSpec, ConductorSpec
+    from conductor.prompts import FewShotSpec
     from conductor.run.config import AnswerConfig
     from conductor.workers.pool import Pool
 
@@ -46,23 +52,65 @@ def first_line(e: BaseException) -> str:
     return redact(text.splitlines()[0] if text else type(e).__name__)
 
 
-def prepare_answer(config: AnswerConfig) -> AnswerInputs:
-    """Every check an answer run needs, cheapest first; UsageError (one line) on the first mistake."""
+_HANDED_OVER: dict[str, AnswerInputs] = {}   # at most one: prepared by the CLI, taken by its flow
+
+
+def prepare_answer(config: AnswerConfig, hand_over: bool = False) -> AnswerInputs:
+    """Every check an answer run needs, cheapest first; UsageError (one line) on the first mistake.
+
+    WHY ``hand_over``: the CLI prepares a run before Prefect starts (a mistake is one ``error:`` line, not a
+    traceback) and then starts the flow with the resolved configuration (``AnswerInputs.config``), which
+    prepares it again. With ``hand_over`` the inputs are kept for that one call, so the question set is read,
+    the pool loaded and the champion looked up once per run; any other call prepares afresh (a rerun sees an
+    edited question file).
+    """
+    key = config.model_dump_json()
+    held = _HANDED_OVER.pop(key, None)
+    if held is not None:
+        return held
+    inputs = _prepare(config)
+    if hand_over:
+        _HANDED_OVER.clear()
+        _HANDED_OVER[inputs.config.model_dump_json()] = inputs
+    return inputs
+
+
+def _prepare(config: AnswerConfig) -> AnswerInputs:
     c = config
     check_numbers(samples=c.samples, recursion_depth=c.recursion_depth, limit=c.limit, shard_size=c.shard_size,
                   temperature=0.0 if c.temperature is None else c.temperature, max_tokens=c.max_tokens,
                   max_steps=c.max_steps)
-    if c.fewshot != "auto":
+    if c.fewshot.policy != "auto":
         check_fewshot(c.fewshot)
     if c.run_id is not None:
         check_run_id(c.run_id)
+    check_limits(c.limits)
     manifest = check_pool(c.pool)
     check_k(c.k, manifest, c.conductor)
     checkpoint = check_conductor(c.conductor, manifest, c.max_steps)
     qs = check_questions(c.questions, c.limit)
     out_dir = Path(c.out)
+    lake, cache = check_outputs(out_dir, c.lake, c.cache)
+    from conductor.policy.spec import is_embedded_checkpoint
+    embedded = is_embedded_checkpoint(checkpoint)
+    resolved = c.model_copy(update={
+        "lake": lake, "cache": cache,
+        # the untrained embedded conductor writes prose too often without the grammar
+        "constrained": embedded if c.constrained is None else c.constrained,
+        # the informed prompt for the untrained embedded conductor
+        "fewshot": c.fewshot.resolved(checkpoint),
+        # an untrained 1.5B samples garbled workflows at 0.7 (measured); its greedy one is its best
+        "temperature": (0.0 if embedded else 0.7) if c.temperature is None else c.temperature})
+    key = resolved.settings_key(manifest, checkpoint)
+    resolved = resolved.model_copy(update={"run_id": c.run_id or resolved.derive_run_id(key)})
+    return AnswerInputs(config=resolved, questions=qs, pool=manifest, checkpoint=checkpoint, settings_key=key,
+                        out=out_dir)
+
+
+def check_outputs(out_dir: Path, lake: str | None, cache: str | None) -> tuple[str, str]:
+    """(lake, cache) of a run writing into ``out_dir``, each checked writable; the defaults live under it."""
     check_writable_dir(out_dir, "--out")
-    lake = c.lake or str(out_dir / "lake")
+    lake = lake or str(out_dir / "lake")
     if "://" not in lake or lake.startswith("file://"):
         check_writable_dir(Path(lake.removeprefix("file://")), "--lake")
     for name in ("answers.jsonl", "summary.json"):   # found now, not after all the work
@@ -70,24 +118,21 @@ def prepare_answer(config: AnswerConfig) -> AnswerInputs:
             raise UsageError(f"--out {out_dir}: {out_dir / name} is a directory, expected a file")
     if (out_dir / "report").exists() and not (out_dir / "report").is_dir():
         raise UsageError(f"--out {out_dir}: {out_dir / 'report'} exists and is not a directory")
-    cache = c.cache or str(out_dir / "cache.sqlite")
+    cache = cache or str(out_dir / "cache.sqlite")
     check_file_path(Path(cache), "--cache")
     check_cache_file(Path(cache))
-    from conductor.prompts import resolve_fewshot
+    return lake, cache
 
-    embedded = checkpoint.startswith("embedded:")
-    resolved = c.model_copy(update={
-        "lake": lake, "cache": cache,
-        # the untrained embedded conductor writes prose too often without the grammar
-        "constrained": embedded if c.constrained is None else c.constrained,
-        # the informed prompt for the untrained embedded conductor
-        "fewshot": resolve_fewshot(c.fewshot, checkpoint),
-        # an untrained 1.5B samples garbled workflows at 0.7 (measured); its greedy one is its best
-        "temperature": (0.0 if embedded else 0.7) if c.temperature is None else c.temperature})
-    key = resolved.settings_key(manifest, checkpoint)
-    resolved = resolved.model_copy(update={"run_id": c.run_id or resolved.derive_run_id(key)})
-    return AnswerInputs(config=resolved, questions=qs, pool=manifest, checkpoint=checkpoint, settings_key=key,
-                        out=out_dir)
+
+def check_limits(limits: LimitsSpec | None) -> None:
+    """A ``sqlite:`` store's directory must exist (never a tree of directories made under a mistyped path)."""
+    path = limits.path if limits is not None else None
+    if path is None:
+        return
+    if path.is_dir():
+        raise UsageError(f"--limits {limits}: {path} is a directory, expected a file")
+    if not path.parent.is_dir():
+        raise UsageError(f"--limits {limits}: directory {path.parent} does not exist")
 
 
 MAX_TEMPERATURE = 2.0   # the providers' own range (OpenAI: 0-2; Anthropic: 0-1); 1000 is a typo
@@ -120,9 +165,7 @@ def claim_out(out: Path, questions: str, replace: bool = False) -> Any:
         fh.close()
         raise UsageError(f"--out {out}: holds the answers of another question set ({before!r}); use a new "
                          "--out, or --replace to overwrite its answers.jsonl, summary.json and report/")
-    tmp = marker.with_name(marker.name + ".tmp")
-    tmp.write_text(json.dumps({"questions": questions.strip()}) + "\n", encoding="utf-8")
-    os.replace(tmp, marker)
+    atomic_write_text(marker, json.dumps({"questions": questions.strip()}) + "\n")
     return fh
 
 
@@ -151,13 +194,14 @@ def check_numbers(**values: Any) -> None:
             raise UsageError(f"{flag} must be an integer >= {low}, not {v!r}")
 
 
-def check_fewshot(fewshot: str) -> None:
+def check_fewshot(fewshot: FewShotSpec | str) -> None:
+    """The examples of a few-shot setting can be read (its syntax was checked where the configuration was read)."""
     from conductor.prompts import select_fewshot
 
     try:
         select_fewshot(fewshot)
     except (ValueError, OSError, KeyError) as e:
-        raise UsageError(f"--fewshot {fewshot!r}: {first_line(e)}") from None
+        raise UsageError(f"--fewshot {str(fewshot)!r}: {first_line(e)}") from None
 
 
 def check_run_id(run_id: str) -> None:
@@ -183,12 +227,12 @@ def check_pool(path: str | os.PathLike[str]) -> Pool:
 
 def check_worker_options(manifest: Pool, source: str = "<pool>") -> None:
     """Provider-specific ``options`` are validated by their provider; check them before any call."""
-    from pydantic import ValidationError
+    from pydantic import BaseModel, ValidationError
 
     from conductor.workers.providers.replay import ReplayOptions
     from conductor.workers.providers.simulated import SimulatedOptions
 
-    validators = {"simulated": SimulatedOptions, "replay": ReplayOptions}
+    validators: dict[str, type[BaseModel]] = {"simulated": SimulatedOptions, "replay": ReplayOptions}
     for i, w in enumerate(manifest.workers):
         if w.provider not in validators:
             continue
@@ -200,7 +244,7 @@ def check_worker_options(manifest: Pool, source: str = "<pool>") -> None:
             raise UsageError(f"{source}: workers[{i}] ({w.name}).options.{where}: {err['msg']}") from None
 
 
-def check_k(k: int | None, manifest: Pool, conductor: str) -> None:
+def check_k(k: int | None, manifest: Pool, conductor: ConductorSpec | str) -> None:
     if k is None:
         return
     from conductor.policy.strategies import is_strategy
@@ -209,47 +253,60 @@ def check_k(k: int | None, manifest: Pool, conductor: str) -> None:
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n:
         raise UsageError(f"--k {k}: must be between 1 and the pool's {n} workers")
     if is_strategy(conductor):
-        raise UsageError(f"--k {k}: strategy {conductor!r} runs over the whole pool; drop --k")
+        raise UsageError(f"--k {k}: strategy {str(conductor)!r} runs over the whole pool; drop --k")
 
 
-def check_conductor(spec: str, manifest: Pool, max_steps: int, flag: str = "--conductor") -> str:
+def check_conductor(spec: ConductorSpec | str, manifest: Pool, max_steps: int, flag: str = "--conductor") -> str:
     """The checkpoint id a conductor spec stands for, or UsageError: strategies are checked against the pool,
     ``champion`` needs a promoted champion, model specs need their files, packages and key variables."""
     from conductor.learning.registry import RegistryError
-    from conductor.policy.factory import PolicySpecError, check_spec
-    from conductor.policy.strategies import StrategyError, check_strategy, is_strategy
+    from conductor.policy.factory import check_spec
+    from conductor.policy.spec import (
+        AutoSpec,
+        ChampionSpec,
+        ConductorSpecError,
+        FixedSpec,
+        MixtureSpec,
+        RandomSpec,
+        SelfConsistencySpec,
+        as_conductor_spec,
+    )
+    from conductor.policy.strategies import check_strategy
     from conductor.run.runtime import checkpoint_of
 
     try:
-        if is_strategy(spec):
-            check_strategy(spec, manifest, max_steps)
-        elif spec == "auto" or spec.startswith("champion"):
-            _check_champion(spec)
-        else:
-            check_spec(spec)
+        spec = as_conductor_spec(spec)
+        match spec:
+            case FixedSpec() | SelfConsistencySpec() | MixtureSpec() | RandomSpec():
+                check_strategy(spec, manifest, max_steps)
+            case AutoSpec() | ChampionSpec():
+                _check_champion(spec)
+            case _:
+                check_spec(spec)
         return checkpoint_of(spec)
-    except (PolicySpecError, StrategyError, RegistryError, OSError) as e:
+    except (ConductorSpecError, RegistryError, OSError) as e:
         raise UsageError(f"{flag}: {first_line(e)}") from None
 
 
-def _check_champion(spec: str) -> None:
+def _check_champion(spec: AutoSpec | ChampionSpec) -> None:
+    """``champion`` needs a registry with a champion whose files are there; ``auto`` one that can be read."""
     import fsspec
 
     from conductor.learning.registry import Registry, RegistryError
-    from conductor.run.runtime import registry_uri
+    from conductor.policy.spec import AutoSpec
+    from conductor.run.runtime import registry_of
 
-    uri = spec.partition("@")[2] or registry_uri()
-    if spec != "auto" and spec.partition("@")[0] != "champion":
-        raise UsageError(f"--conductor {spec!r}: expected champion or champion@REGISTRY")
+    auto = isinstance(spec, AutoSpec)
+    uri = registry_of(spec)
     fs, path = fsspec.core.url_to_fs(uri)
     if not fs.exists(path):
-        if spec == "auto":
+        if auto:
             return
         raise RegistryError(f"registry {uri} does not exist, so it has no champion")
     if fs.isfile(path):
         raise RegistryError(f"registry {uri} is a file, not a registry directory")
     champion = Registry.open(uri).champion
-    if champion is None and spec != "auto":
+    if champion is None and not auto:
         raise RegistryError(f"registry {uri}: no champion has been promoted yet")
     if champion is not None:   # its files must still be there (found now, not after Prefect starts)
         from conductor.learning.registry import check_checkpoint_dir

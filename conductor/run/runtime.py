@@ -17,10 +17,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from conductor.execution.executor import Executor
+    from conductor.execution.shared_limits import LimitsSpec
     from conductor.policy.base import PolicyBackend
+    from conductor.policy.spec import AutoSpec, ChampionSpec, ConductorSpec
     from conductor.workers.pool import Pool
 
 EMBEDDED_CONDUCTOR_MODEL = "qwen2.5-coder-1.5b-instruct"
+EMBEDDED_CHECKPOINT = f"embedded:{EMBEDDED_CONDUCTOR_MODEL}"   # the checkpoint id of the untrained embedded conductor
 
 
 @dataclass
@@ -29,17 +32,19 @@ class Live:
     manifest: Pool             # as written (cache keys and fingerprints come from this one)
     policy: PolicyBackend
     checkpoint_id: str
-    _executors: dict[tuple[str | None, bool, str | None], Executor] = field(default_factory=dict)
+    _executors: dict[tuple[str | None, bool, LimitsSpec | None], Executor] = field(default_factory=dict)
 
-    def executor(self, cache_path: str | None = None, replay: bool = False, limits: str | None = None) -> Executor:
+    def executor(self, cache_path: str | None = None, replay: bool = False,
+                 limits: LimitsSpec | str | None = None) -> Executor:
         """The executor for this cache (built once): rate limits and an on-disk response cache (replay: never
         call a provider). ``limits``: where the rate limits live when processes share a quota
         (``sqlite:PATH``, ``prefect``; None/``local``: this process; conductor/execution/shared_limits.py)."""
         from conductor.execution.cache import ResponseCache
         from conductor.execution.executor import Executor
         from conductor.execution.ratelimit import RateLimiter
-        from conductor.execution.shared_limits import open_shared
+        from conductor.execution.shared_limits import LimitsSpec, open_shared
 
+        limits = LimitsSpec.parse(limits) if limits is not None else None
         key = (cache_path, replay, limits)
         if key not in self._executors:
             cache = ResponseCache(cache_path, mode="replay" if replay else "read_write") if cache_path else None
@@ -64,7 +69,8 @@ def registry_uri() -> str:
     return os.environ.get("CONDUCTOR_REGISTRY") or str(conductor_home() / "registry")
 
 
-def conductor_policy(spec: str, in_process: bool = False, pool: Pool | None = None) -> tuple[PolicyBackend, str]:
+def conductor_policy(spec: ConductorSpec | str, in_process: bool = False,
+                     pool: Pool | None = None) -> tuple[PolicyBackend, str]:
     """(policy, checkpoint id) for a conductor spec.
 
     ``auto`` is the registry's champion when one has been promoted, else ``embedded`` (the 1.5B model,
@@ -73,35 +79,46 @@ def conductor_policy(spec: str, in_process: bool = False, pool: Pool | None = No
     requires a champion. The baseline strategies (``fixed:i``, ``sc:i:k``, ``moa:...``, ``random``;
     conductor.policy.strategies) write their workflows without a model and need the ``pool``.
     """
-    from conductor.policy.strategies import is_strategy
-
-    if is_strategy(spec):
-        from conductor.policy.strategies import StrategyError, make_strategy, strategy_pool
-
-        if pool is None:
-            raise StrategyError(f"strategy {spec!r}: needs the pool it runs over")
-        return make_strategy(spec, strategy_pool(spec, pool)), spec
     from conductor.policy import make_policy
+    from conductor.policy.spec import (
+        AutoSpec,
+        ChampionSpec,
+        EmbeddedSpec,
+        FixedSpec,
+        MixtureSpec,
+        RandomSpec,
+        SelfConsistencySpec,
+        TransformersSpec,
+        as_conductor_spec,
+    )
 
-    if spec == "auto" or spec.startswith("champion"):
-        from conductor.learning.registry import RegistryError
+    spec = as_conductor_spec(spec)
+    match spec:
+        case FixedSpec() | SelfConsistencySpec() | MixtureSpec() | RandomSpec():
+            from conductor.policy.strategies import StrategyError, make_strategy, strategy_pool
 
-        uri, entry = _champion(spec)
-        if entry is not None:
-            return make_policy(f"transformers:{entry.uri}"), entry.checkpoint_id
-        if spec != "auto":
-            raise RegistryError(f"registry {uri}: no champion has been promoted yet")
-        spec = "embedded"
-    if spec == "embedded" and in_process:   # llama.cpp in this process, loaded on first use
-        return LoadOnUse(embedded_conductor), f"embedded:{EMBEDDED_CONDUCTOR_MODEL}"
+            if pool is None:
+                raise StrategyError(f"strategy {str(spec)!r}: needs the pool it runs over")
+            return make_strategy(spec, strategy_pool(spec, pool)), str(spec)
+        case AutoSpec() | ChampionSpec():
+            from conductor.learning.registry import RegistryError
+
+            uri, entry = _champion(spec)
+            if entry is not None:
+                return make_policy(TransformersSpec(path=entry.uri)), entry.checkpoint_id
+            if isinstance(spec, ChampionSpec):
+                raise RegistryError(f"registry {uri}: no champion has been promoted yet")
+            spec = EmbeddedSpec()
+    if spec == EmbeddedSpec() and in_process:   # llama.cpp in this process, loaded on first use
+        return LoadOnUse(embedded_conductor), EMBEDDED_CHECKPOINT
     return make_policy(spec), _masked(spec)
 
 
-def _masked(spec: str) -> str:
+def _masked(spec: ConductorSpec) -> str:
     """A checkpoint id never carries a secret of its spec (URL password, query values, known keys)."""
     from conductor.workers.secrets import mask_url
 
-    return mask_url(spec)
+    return mask_url(str(spec))
 
 
 PREFIX_CACHE_ENV = "CONDUCTOR_PREFIX_CACHE"
@@ -138,7 +155,7 @@ class LoadOnUse:
     # one prompt at a time: a question's workflow executes while the next is written (conductor/run/overlap.py)
     generation_batch: ClassVar[int] = 1
 
-    def __init__(self, factory: Callable[[], PolicyBackend], name: str = f"embedded:{EMBEDDED_CONDUCTOR_MODEL}"):
+    def __init__(self, factory: Callable[[], PolicyBackend], name: str = EMBEDDED_CHECKPOINT):
         self._factory = factory
         self._loaded: PolicyBackend | None = None
         self._lock = threading.Lock()
@@ -156,33 +173,47 @@ class LoadOnUse:
         _close(loaded)
 
 
-def checkpoint_of(spec: str) -> str:
+def checkpoint_of(spec: ConductorSpec | str) -> str:
     """The checkpoint a conductor spec stands for right now, without loading anything (run ids use it)."""
-    if spec == "auto" or spec.startswith("champion"):
-        _, entry = _champion(spec)
-        if entry is not None:
-            return entry.checkpoint_id
-        return f"embedded:{EMBEDDED_CONDUCTOR_MODEL}" if spec == "auto" else spec
-    return f"embedded:{EMBEDDED_CONDUCTOR_MODEL}" if spec == "embedded" else _masked(spec)
+    from conductor.policy.spec import AutoSpec, ChampionSpec, EmbeddedSpec, as_conductor_spec
+
+    spec = as_conductor_spec(spec)
+    match spec:
+        case AutoSpec() | ChampionSpec():
+            _, entry = _champion(spec)
+            if entry is not None:
+                return str(entry.checkpoint_id)
+            return EMBEDDED_CHECKPOINT if isinstance(spec, AutoSpec) else str(spec)
+        case EmbeddedSpec(model=None):
+            return EMBEDDED_CHECKPOINT
+    return _masked(spec)
 
 
-def _champion(spec: str) -> tuple[str, Any]:
+def registry_of(spec: AutoSpec | ChampionSpec) -> str:
+    """The registry a champion spec reads: its own ``@REGISTRY``, else the default (``registry_uri``)."""
+    return getattr(spec, "registry", None) or registry_uri()
+
+
+def _champion(spec: AutoSpec | ChampionSpec | str) -> tuple[str, Any]:
     """(registry URI, champion entry or None) for ``auto`` / ``champion[@URI]``; a missing registry has none."""
     import fsspec
 
     from conductor.learning.registry import Registry
+    from conductor.policy.spec import as_conductor_spec
 
-    uri = spec.partition("@")[2] or registry_uri()
+    uri = registry_of(as_conductor_spec(spec))  # type: ignore[arg-type]
     fs, path = fsspec.core.url_to_fs(uri)
     return uri, (Registry.open(uri).champion if fs.exists(path) else None)
 
 
 @contextlib.contextmanager
-def serving(manifest: Pool, conductor: str = "auto", bind_as_worker: bool = True) -> Iterator[Live]:
+def serving(manifest: Pool, conductor: ConductorSpec | str = "auto", bind_as_worker: bool = True) -> Iterator[Live]:
     """Start what the run needs; stop all of it on exit, even after an error or Ctrl-C."""
     from conductor.local.servers import EmbeddedServers, embedded_models, resolve_embedded
+    from conductor.policy.spec import as_conductor_spec
     from conductor.policy.strategies import strategy_pool
 
+    conductor = as_conductor_spec(conductor)
     manifest = strategy_pool(conductor, manifest)   # self-consistency brings its own vote worker
     with contextlib.ExitStack() as stack:
         servers = stack.enter_context(EmbeddedServers())
@@ -215,10 +246,10 @@ def _close_executors(live: Live) -> None:
             ex.cache.close()
 
 
-_SHARED: dict[tuple[str, str], tuple[contextlib.ExitStack, Live]] = {}
+_SHARED: dict[tuple[str, ConductorSpec], tuple[contextlib.ExitStack, Live]] = {}
 
 
-def shared_live(manifest: Pool, conductor: str) -> Live:
+def shared_live(manifest: Pool, conductor: ConductorSpec | str) -> Live:
     """A per-process ``serving`` kept open for the life of the process.
 
     Shard tasks on a Dask/Ray worker build their own runtime from plain specs (a
@@ -226,6 +257,9 @@ def shared_live(manifest: Pool, conductor: str) -> Live:
     """
     import atexit
 
+    from conductor.policy.spec import as_conductor_spec
+
+    conductor = as_conductor_spec(conductor)
     key = (manifest.fingerprint, conductor)
     if key not in _SHARED:
         stack = contextlib.ExitStack()

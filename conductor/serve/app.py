@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from conductor.serve import render
 from conductor.serve.auth import Admission, ClientLimiter, KeyStore
@@ -53,11 +54,11 @@ class _Stream(StreamingResponse):
     """A stream that releases its request's holds even if the client leaves before the first chunk (an
     async generator never started never runs its ``finally``)."""
 
-    def __init__(self, content: Any, release: _Once, **kw: Any):
+    def __init__(self, content: AsyncIterator[bytes], release: _Once, **kw: Any):
         super().__init__(content, **kw)
         self._release = release
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:

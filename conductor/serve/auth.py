@@ -19,9 +19,13 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from conductor.serve.errors import APIError, auth_error, rate_limited
+
+if TYPE_CHECKING:
+    from conductor.execution.ratelimit import KeyLimiter
+    from conductor.execution.shared_limits import Lease, SQLiteKey, SQLiteLimits
 
 
 def hash_key(key: str) -> str:
@@ -100,7 +104,7 @@ class KeyStore:
 @dataclass
 class Admission:
     key: str
-    lease: Any = None
+    lease: tuple[SQLiteKey, Lease] | None = None     # a slot in the shared store; None: counted in this process
 
 
 class ClientLimiter:
@@ -115,13 +119,14 @@ class ClientLimiter:
 
         self.limits = Limits(requests_per_minute=rpm, max_concurrency=max(1, concurrency), timeout_s=600.0)
         self.burst_s = burst_s
-        self.shared = open_shared(store)
-        if self.shared is not None and not isinstance(self.shared, SQLiteLimits):
+        shared = open_shared(store)
+        if shared is not None and not isinstance(shared, SQLiteLimits):
             raise ValueError(f"client limits {store!r}: use 'local' or 'sqlite:PATH' (a refusal must not wait)")
-        self._local: dict[str, Any] = {}
-        self._shared_keys: dict[str, Any] = {}
+        self.shared: SQLiteLimits | None = shared
+        self._local: dict[str, KeyLimiter] = {}
+        self._shared_keys: dict[str, SQLiteKey] = {}
 
-    def _key_limiter(self, key: str) -> Any:
+    def _key_limiter(self, key: str) -> KeyLimiter:
         from conductor.execution.ratelimit import KeyLimiter
 
         lim = self._local.get(key)
@@ -134,12 +139,10 @@ class ClientLimiter:
             skey = self._shared_keys.get(key)
             if skey is None:
                 skey = self._shared_keys[key] = self.shared.key(f"serve/client/{key}", self.limits, self.burst_s)
-            state, value, lease = await self.shared.run(self.shared.transact, skey._try, 0)
-            if state != "ok":
-                raise self._refusal(key, value)
-            from conductor.execution.shared_limits import Lease
-
-            return Admission(key, (skey, Lease(lease, value)))
+            lease, wait = await skey.try_acquire()
+            if lease is None:
+                raise self._refusal(key, wait)
+            return Admission(key, (skey, lease))
         lim = self._key_limiter(key)
         if lim.in_flight >= lim.max_concurrency:
             raise rate_limited(f"API key {key!r}: {lim.max_concurrency} requests already in flight", 1.0)

@@ -11,6 +11,7 @@ the one shared ``Executor`` (its rate limits, cache, retries and the per-questio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -18,17 +19,23 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from conductor.policy.spec import is_embedded_checkpoint
 from conductor.serve.errors import APIError, bad_controls, unknown_model, upstream
 from conductor.workers.secrets import redact
 
 if TYPE_CHECKING:
     from conductor.execution.executor import Executor
+    from conductor.learning.registry import CheckpointEntry
     from conductor.policy.base import PolicyBackend
+    from conductor.policy.spec import ConductorSpec
     from conductor.run.pipeline import RunSpec
+    from conductor.run.runtime import Live
     from conductor.serve.config import ServeConfig
+    from conductor.serve.lake import ServedWriter
     from conductor.serve.requests import ServeRequest
     from conductor.trajectory import Trajectory
     from conductor.workers.pool import Pool
@@ -43,13 +50,13 @@ class Model:
     """One loaded conductor: its policy, the pool it runs over, and how many requests use it right now."""
 
     checkpoint_id: str
-    spec: str
+    spec: ConductorSpec | str
     policy: PolicyBackend
     pool: Pool
     strategy: bool                     # writes workflows without a model: generated inline, no batching
     in_flight: int = 0
     retired: bool = False
-    checked: dict[tuple[Any, ...], str] = field(default_factory=dict)   # strategy check per (workers, steps)
+    checked: dict[tuple[tuple[str, ...], int], str] = field(default_factory=dict)   # strategy check per (workers, steps)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -85,6 +92,10 @@ class Model:
                 log.warning("closing retired model %s failed", self.checkpoint_id)
 
 
+# one request's generation waiting in its model's queue: its trajectories, settings and completion signal
+_Pending = tuple["list[Trajectory]", "RunSpec", "asyncio.Future[None]"]
+
+
 @dataclass
 class Outcome:
     """A request's trajectories (one per choice) and what it took."""
@@ -109,7 +120,7 @@ class GenerationBatcher:
     def __init__(self, window_s: float = 0.002, max_batch: int = 64):
         self.window_s = window_s
         self.max_batch = max_batch
-        self._queues: dict[int, asyncio.Queue[Any]] = {}
+        self._queues: dict[int, asyncio.Queue[_Pending]] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self.batches = 0
         self.prompts = 0
@@ -128,7 +139,7 @@ class GenerationBatcher:
         await q.put((trajs, spec, fut))
         await fut
 
-    async def _loop(self, model: Model, q: asyncio.Queue[Any]) -> None:
+    async def _loop(self, model: Model, q: asyncio.Queue[_Pending]) -> None:
         from conductor.run.overlap import generation_batch
         from conductor.run.pipeline import generate
 
@@ -139,7 +150,7 @@ class GenerationBatcher:
                 await asyncio.sleep(self.window_s)
             while not q.empty() and sum(len(t) for t, _, _ in items) < cap:
                 items.append(q.get_nowait())
-            groups: dict[Any, list[Any]] = {}
+            groups: dict[tuple[Hashable, ...], list[_Pending]] = {}
             for item in items:
                 groups.setdefault(_settings_key(item[1]), []).append(item)
             for group in groups.values():
@@ -169,13 +180,13 @@ class GenerationBatcher:
         self._queues.clear()
 
 
-def _settings_key(spec: RunSpec) -> tuple[Any, ...]:
+def _settings_key(spec: RunSpec) -> tuple[Hashable, ...]:
     """What must agree for two requests' prompts to share one generate call."""
     return (tuple(w.name for w in spec.pool.workers), spec.temperature, spec.max_tokens, spec.seed,
             spec.max_steps, spec.constrained, spec.fewshot)
 
 
-def policy_spec_of(entry: Any) -> str:
+def policy_spec_of(entry: CheckpointEntry) -> str:
     """The policy spec a registry checkpoint is served with: its lineage's ``policy_spec`` when it names one
     (a strategy, an endpoint, a GGUF file), else the trained checkpoint directory through transformers."""
     spec = (entry.lineage or {}).get("policy_spec") if hasattr(entry, "lineage") else None
@@ -187,16 +198,16 @@ class ServeEngine:
 
     def __init__(self, config: ServeConfig):
         self.config = config
-        self._stack: Any = None
-        self.live: Any = None
+        self._stack: contextlib.ExitStack | None = None
+        self.live: Live | None = None
         self.executor: Executor | None = None
         self.default: Model | None = None
         self.champion: Model | None = None
         self.pinned: OrderedDict[str, Model] = OrderedDict()
         self.batcher = GenerationBatcher(config.batch_window_ms / 1000.0, config.max_batch)
-        self.registry_uri = config.registry
-        self.writer: Any = None
-        self.on_outcome: list[Any] = []            # callbacks (metrics) for each finished request
+        self.registry_uri = config.registry or ""   # resolved in start()
+        self.writer: ServedWriter | None = None
+        self.on_outcome: list[Callable[[Outcome], None]] = []   # callbacks (metrics) for each finished request
         self._watch: asyncio.Task[None] | None = None
         self._ids = itertools.count()
         self.instance = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -205,20 +216,19 @@ class ServeEngine:
     # ------------------------------------------------------------------ life cycle
     def start(self) -> None:
         """Load the pool, start what it needs (embedded servers), the default conductor and the executor."""
-        import contextlib
-
+        from conductor.policy.spec import AutoSpec
         from conductor.run.runtime import registry_uri, serving
         from conductor.workers.pool import load_pool
 
         cfg = self.config
         manifest = load_pool(cfg.pool)
         self.registry_uri = cfg.registry or registry_uri()
-        default_spec = "embedded" if cfg.conductor == "auto" else cfg.conductor
+        default_spec = "embedded" if isinstance(cfg.conductor, AutoSpec) else cfg.conductor
         stack = contextlib.ExitStack()
         try:
-            self.live = stack.enter_context(serving(manifest, conductor=default_spec))
-            self.executor = self.live.executor(cfg.cache, limits=cfg.limits)
-            self.default = self._model(self.live.policy, self.live.checkpoint_id, default_spec)
+            self.live = live = stack.enter_context(serving(manifest, conductor=default_spec))
+            self.executor = live.executor(cfg.cache, limits=cfg.limits)
+            self.default = self._model(live.policy, live.checkpoint_id, default_spec)
             entry = self._champion_entry()
             if entry is not None:
                 self.champion = self._load_entry(entry)
@@ -259,14 +269,20 @@ class ServeEngine:
             self._stack = None
 
     # ------------------------------------------------------------------ models
-    def _model(self, policy: PolicyBackend, checkpoint_id: str, spec: str) -> Model:
+    def _model(self, policy: PolicyBackend, checkpoint_id: str, spec: ConductorSpec | str) -> Model:
         from conductor.policy.strategies import is_strategy, strategy_pool
 
         strategy = is_strategy(spec)
-        pool = strategy_pool(spec, self.live.pool) if strategy else self.live.pool
+        pool = strategy_pool(spec, self._pool()) if strategy else self._pool()
         return Model(checkpoint_id, spec, policy, pool, strategy)
 
-    def _champion_entry(self) -> Any:
+    def _pool(self) -> Pool:
+        """The running pool (embedded URLs resolved); ``start`` first."""
+        if self.live is None:
+            raise RuntimeError("ServeEngine: start() has not run")
+        return self.live.pool
+
+    def _champion_entry(self) -> CheckpointEntry | None:
         from conductor.run.runtime import _champion
 
         try:
@@ -275,11 +291,11 @@ class ServeEngine:
             log.warning("registry %s: cannot read the champion: %s", self.registry_uri, redact(str(e)))
             return None
 
-    def _load_entry(self, entry: Any) -> Model:
+    def _load_entry(self, entry: CheckpointEntry) -> Model:
         from conductor.run.runtime import conductor_policy
 
         spec = policy_spec_of(entry)
-        policy, _ = conductor_policy(spec, pool=self.live.pool)
+        policy, _ = conductor_policy(spec, pool=self._pool())
         return self._model(policy, entry.checkpoint_id, spec)
 
     async def _watch_champion(self) -> None:
@@ -401,7 +417,7 @@ class ServeEngine:
                        checkpoint_id=model.checkpoint_id, samples=req.n, seed=req.seed or 0,
                        recursion_depth=cfg.recursion_depth, max_steps=max_steps,
                        fewshot=resolve_fewshot(cfg.fewshot, model.checkpoint_id),
-                       constrained=(model.checkpoint_id.startswith("embedded:") if cfg.constrained is None
+                       constrained=(is_embedded_checkpoint(model.checkpoint_id) if cfg.constrained is None
                                     else cfg.constrained),
                        temperature=cfg.temperature if req.temperature is None else float(req.temperature),
                        max_tokens=cfg.conductor_max_tokens, max_dollars_per_question=min(caps) if caps else None,
@@ -436,6 +452,8 @@ class ServeEngine:
                              if spec.recursion_depth > 0 and not model.strategy else None)
                 cap = spec.max_dollars_per_question      # the request's: split evenly among its n choices
                 budget = Budget(max_dollars=None if cap is None else cap / max(1, len(trajs)))
+                if self.executor is None:
+                    raise RuntimeError("ServeEngine: start() has not run")
                 await execute_batch(trajs, lambda t: spec.subpool_for(t.question_id), self.executor,
                                     conductor=conductor, max_depth=spec.recursion_depth, max_steps=spec.max_steps,
                                     budget=budget, call_factor=spec.recursion_call_factor)

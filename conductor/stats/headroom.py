@@ -40,7 +40,7 @@ below is (accuracy, bootstrap 95% interval over questions, dollars per question)
   $_A = (1/n) sum_q c[q, w_A(q)]. Not reachable by any router: it reads the answers.
 
 Intervals resample questions with replacement (``n_boot`` draws, percentile 2.5..97.5, the same seeded
-resamples for every point). Paired tests on the same questions reuse ``conductor.learning.evaluation``:
+resamples for every point). Paired tests on the same questions reuse ``conductor.stats.paired``:
 ``paired_bootstrap`` (diff, 95% interval, one-sided p) and, for 0/1 outcomes, ``mcnemar_exact`` on
 b = #(candidate right, baseline wrong), c = #(candidate wrong, baseline right).
 
@@ -68,18 +68,17 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import tempfile
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, SupportsFloat
 
 import numpy as np
 
-from conductor.learning.evaluation import mcnemar_exact, paired_bootstrap
+from conductor.files import atomic_write_text, save_figure
+from conductor.stats.paired import mcnemar_exact, paired_bootstrap
 
 Verdict = Literal["pool-bound", "router-bound"]
 
@@ -183,7 +182,7 @@ class OutcomeMatrix:
     @property
     def any_correct(self) -> np.ndarray:
         """Per question, whether some worker got it right."""
-        return self.correct.any(axis=1)
+        return np.asarray(self.correct.any(axis=1))
 
     def sorted(self) -> OutcomeMatrix:
         """The same matrix with questions in id order (what every computation here starts from)."""
@@ -532,7 +531,10 @@ class HeadroomReport:
             return None if v is None else PairedComparison(**v)
 
         def pt(v: Mapping[str, Any] | None) -> Point | None:
-            return None if v is None else Point(**{k: (math.nan if x is None else x) for k, x in v.items()})
+            if v is None:
+                return None
+            fields: dict[str, Any] = {k: (math.nan if x is None else x) for k, x in v.items()}
+            return Point(**fields)
 
         return cls(
             n_questions=d["n_questions"], workers=tuple(pt(p) for p in d["workers"]),  # type: ignore[misc]
@@ -618,19 +620,12 @@ class HeadroomReport:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")
         fig.tight_layout()
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-        os.close(fd)
-        fig.savefig(tmp, dpi=110)
-        plt.close(fig)
-        os.replace(tmp, path)
-        return path
+        return save_figure(fig, path)
 
     def write(self, out_dir: str | Path) -> dict[str, Path]:
         """headroom.json, headroom.md and headroom.png in ``out_dir``."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        from conductor.run.summary import atomic_write_text
-
         png = self.plot(out / "headroom.png")
         md = atomic_write_text(out / "headroom.md", self.render_markdown("headroom.png"))
         js = atomic_write_text(out / "headroom.json", self.dumps())
@@ -781,7 +776,7 @@ def _mix_accuracy(accuracy: Sequence[float], mix: tuple[int, int, float]) -> flo
 
 def paired(candidate: str, cand: np.ndarray, baseline: str, base: np.ndarray, question_ids: Sequence[str],
            n_boot: int = DEFAULT_N_BOOT, seed: int = 0, binary: bool = True) -> PairedComparison:
-    """Paired bootstrap (``conductor.learning.evaluation.paired_bootstrap``) and, for 0/1 scores, exact McNemar.
+    """Paired bootstrap (``conductor.stats.paired.paired_bootstrap``) and, for 0/1 scores, exact McNemar.
 
     >>> p = paired("x", np.array([1., 1, 1, 0]), "b", np.array([0., 0, 1, 0]), ["a", "b", "c", "d"], 500)
     >>> p.diff, p.mcnemar_b, p.mcnemar_c, round(p.p_mcnemar, 3)
@@ -893,7 +888,7 @@ def route(correct: np.ndarray, cost: np.ndarray, train: np.ndarray, test: np.nda
 
 # ------------------------------------------------------------------ helpers
 
-def _r(x: float) -> float:
+def _r(x: SupportsFloat) -> float:
     return round(float(x), 12)
 
 

@@ -48,7 +48,7 @@ class RouteCurve:
         return tuple((a - self.weak_accuracy) / gap for a in self.accuracy)
 
 
-def route_curve(scores: Sequence[float], strong_correct: Sequence[bool], weak_correct: Sequence[bool],
+def route_curve(scores: Sequence[float] | np.ndarray, strong_correct: Sequence[bool], weak_correct: Sequence[bool],
                 strong_cost: Sequence[float] | None = None, weak_cost: Sequence[float] | None = None,
                 grid: Sequence[float] = GRID, seed: int = 0) -> RouteCurve:
     """The router's curve: for each fraction c, the top ``round(c * n)`` questions by score go to the strong model.

@@ -78,7 +78,7 @@ class CostSummary:
         self.output_tokens += c.output_tokens
         self.cost_usd += c.cost_usd
         self.spent_usd += 0.0 if c.cache_hit else c.cost_usd
-        w = self.by_worker.setdefault(c.worker, defaultdict(float))  # type: ignore[arg-type]
+        w = self.by_worker.setdefault(c.worker, defaultdict(float))
         w["calls"] += 1
         w["input_tokens"] += c.input_tokens
         w["output_tokens"] += c.output_tokens

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -332,7 +332,7 @@ class WaveScheduler:
             self._resolve(key, ProviderError(kind, f"batch request {o.kind} after {attempts} batch(es): {o.message}"))  # type: ignore[arg-type]
 
     # ------------------------------------------------------------ tasks
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = self.loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._done)

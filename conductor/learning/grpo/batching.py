@@ -6,11 +6,21 @@ ids line up with the prompt they were sampled from. torch is imported inside the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from conductor.learning.grpo.config import GRPOConfig
 from conductor.learning.grpo.samples import Sample
+
+
+class ChatTokenizer(Protocol):
+    """What GRPO needs of a tokenizer (a transformers tokenizer is one): the chat template, and text to ids."""
+
+    def apply_chat_template(self, conversation: list[dict[str, str]], *, add_generation_prompt: bool,
+                            tokenize: bool) -> str: ...
+
+    def __call__(self, text: str, *, add_special_tokens: bool) -> Mapping[str, Any]: ...
 
 
 @dataclass
@@ -29,15 +39,16 @@ class Encoded:
         return list(self.choice) if self.choice is not None else [True] * len(self.completion_ids)
 
 
-def render_prompt(tokenizer: Any, prompt: str, system_prompt: str | None = None) -> list[int]:
+def render_prompt(tokenizer: ChatTokenizer, prompt: str, system_prompt: str | None = None) -> list[int]:
     """Prompt token ids exactly as the transformers policy backend builds them (chat template, no extra specials)."""
-    messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
-        {"role": "user", "content": prompt}]
+    messages = [{"role": "user", "content": prompt}]
+    if system_prompt:
+        messages.insert(0, {"role": "system", "content": system_prompt})
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def encode(tokenizer: Any, s: Sample, cfg: GRPOConfig, system_prompt: str | None = None) -> Encoded:
+def encode(tokenizer: ChatTokenizer, s: Sample, cfg: GRPOConfig, system_prompt: str | None = None) -> Encoded:
     """A sample truncated to the configured prompt and completion lengths; the stored ids when there are any."""
     p = render_prompt(tokenizer, s.prompt, system_prompt)[-cfg.max_prompt_tokens:]
     if s.completion_token_ids:

@@ -17,7 +17,7 @@ from conductor.learning.grpo.config import GRPOConfig
 from conductor.learning.grpo.precision import device_dtype
 
 if TYPE_CHECKING:
-    from conductor.learning.grpo.format import ConductorFormat
+    from conductor.decoding.contract import ConductorFormat
 
 
 class TrainError(ValueError):
@@ -96,8 +96,8 @@ def read_parent_lineage(spec: str) -> dict[str, Any]:
 
 
 def parent_format(spec: str) -> Any:
-    """The parent checkpoint's ``conductor_format.json`` (``conductor.learning.grpo.format``), or None."""
-    from conductor.learning.grpo.format import load_format
+    """The parent checkpoint's ``conductor_format.json`` (``conductor.decoding.contract``), or None."""
+    from conductor.decoding.contract import load_format
 
     try:
         local, gguf = resolve_model(spec)
@@ -129,7 +129,8 @@ def load_policy(spec: str, cfg: GRPOConfig, *, for_sharding: bool = False) -> tu
     device, dtype = device_dtype(cfg)
     kw = {"gguf_file": gguf} if gguf else {}
     tokenizer = AutoTokenizer.from_pretrained(local, local_files_only=True, **kw)
-    model = AutoModelForCausalLM.from_pretrained(local, local_files_only=True, dtype=dtype, **kw)
+    # Any: transformers' decorated methods (``to``) and peft's wrapper do not type-check as one model class
+    model: Any = AutoModelForCausalLM.from_pretrained(local, local_files_only=True, dtype=dtype, **kw)
     if gguf:
         _drop_gguf_marker(model)
     if tokenizer.pad_token_id is None:
@@ -205,7 +206,7 @@ def ensure_hf_checkpoint(gguf_path: str | Path) -> Path:
 def formatted_base(base: str, fmt: ConductorFormat, root: str | Path) -> Path:
     """A HF copy of ``base`` (a .gguf file or a checkpoint directory) carrying ``fmt``, under ``root``; made
     once (atomically), reused after. The trainer then carries the format to every descendant."""
-    from conductor.learning.grpo.format import FORMAT_FILE, write_format
+    from conductor.decoding.contract import FORMAT_FILE, write_format
 
     src = Path(base)
     if src.is_file() and src.suffix == ".gguf":
@@ -292,7 +293,7 @@ def write_checkpoint(out: str, *, model: Any, tokenizer: Any, cfg: GRPOConfig, l
             model.save_pretrained(stage)
         tokenizer.save_pretrained(stage)
         if conductor_format is not None:
-            from conductor.learning.grpo.format import write_format
+            from conductor.decoding.contract import write_format
 
             write_format(stage, conductor_format)
         if cfg.save_optimizer and cfg.lora_r == 0 and optimizer_state is not None:

@@ -129,7 +129,7 @@ class GRPOConfig(BaseModel):
             raise GRPOConfigError(f"{p}: a GRPO config is a mapping of field: value")
         preset = data.pop("preset", None)
         if preset is not None and preset not in _PRESETS:
-            raise GRPOConfigError(f"{p}: preset: must be one of {sorted(_PRESETS)}, not {preset!r}")
+            raise GRPOConfigError(f"{p}: preset: must be one of {sorted(k for k in _PRESETS if k)}, not {preset!r}")
         return cls.from_dict({**_PRESETS.get(preset, {}), **data}, str(p))
 
     def to_json(self) -> dict[str, Any]:

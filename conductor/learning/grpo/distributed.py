@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -176,8 +176,8 @@ def full_optimizer_state(model: Any, optimizer: Any) -> dict[str, Any]:
     optimizer order), so ``optimizer.pt`` is the same file a single process writes; ``{}`` elsewhere. Collective."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    osd = get_optimizer_state_dict(model, optimizer,
-                                   options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    osd: dict[str, Any] = cast("dict[str, Any]", get_optimizer_state_dict(
+        model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
     if not world().is_main:
         return {}
     index = {name: i for i, name in enumerate(_param_names(model, optimizer))}

@@ -18,9 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from conductor.grading.objective import CostObjective
 from conductor.learning.grpo.advantages import Scale, group_key, grouped_advantages
+
+if TYPE_CHECKING:
+    from conductor.trajectory import Trajectory
 
 
 @dataclass
@@ -37,6 +41,7 @@ class Sample:
     completion_token_ids: list[int] | None = None
     behaviour_logprobs: list[float] | None = None
     extra: dict = field(default_factory=dict)
+    n_workers: int | None = None            # the sub-pool the prompt lists (a decoding contract's grammar needs it)
 
 
 @dataclass
@@ -49,7 +54,7 @@ class SampleStats:
     n_zero_advantage_groups: int = 0
 
 
-def build_samples(trajectories: Iterable, scale: Scale = "group", eps: float = 1e-4, ddof: int = 1,
+def build_samples(trajectories: Iterable[Trajectory], scale: Scale = "group", eps: float = 1e-4, ddof: int = 1,
                   objective: CostObjective | None = None) -> tuple[list[Sample], SampleStats]:
     """Turn trajectories into samples with group-normalised advantages.
 
@@ -96,7 +101,7 @@ def build_samples(trajectories: Iterable, scale: Scale = "group", eps: float = 1
             rew = round(float(rew) * factor.get(t.trajectory_id, 1.0), 10)
             samples.append(Sample(t.trajectory_id, rnd.depth, g, rnd.prompt, rnd.completion, rew,
                                   completion_token_ids=rnd.completion_token_ids,
-                                  behaviour_logprobs=rnd.completion_logprobs))
+                                  behaviour_logprobs=rnd.completion_logprobs, n_workers=len(t.subpool) or None))
     adv = grouped_advantages(((s.group, (s.trajectory_id, s.depth), s.reward) for s in samples),
                              eps=eps, scale=scale, ddof=ddof)
     for s in samples:
@@ -110,7 +115,7 @@ def build_samples(trajectories: Iterable, scale: Scale = "group", eps: float = 1
     return samples, stats
 
 
-def _objective_factors(trajectories: list, objective: CostObjective) -> dict[str, float]:
+def _objective_factors(trajectories: list[Trajectory], objective: CostObjective) -> dict[str, float]:
     """Per right trajectory, the factor ``1 - penalty`` its rewards are multiplied by (group-relative cost)."""
     groups: dict[tuple[str, str], list] = {}
     for t in trajectories:

@@ -21,9 +21,14 @@ import math
 import os
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from conductor.files import save_figure
+
+if TYPE_CHECKING:
+    from conductor.trajectory import Trajectory
 
 DEFAULT_EXPERIMENT = "conductor-grpo"
 STEP_KEY = "iteration"
@@ -139,7 +144,7 @@ def _flat_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def rollout_metrics(trajectories: Iterable[Any]) -> dict[str, Any]:
+def rollout_metrics(trajectories: Iterable[Trajectory]) -> dict[str, Any]:
     """Reward mean/std, accuracy, parse rate, worker shares (of root-workflow steps), calls, workflow length and
     seconds per trajectory, cache hits. Infra-failed trajectories are counted, not scored.
 
@@ -154,7 +159,7 @@ def rollout_metrics(trajectories: Iterable[Any]) -> dict[str, Any]:
     """
     ts = list(trajectories)
     scored = [t for t in ts if not t.infra_failed and t.reward is not None]
-    rewards = [float(t.reward) for t in scored]
+    rewards = [float(r) for t in scored if (r := t.reward) is not None]
     n = len(scored)
     mean = sum(rewards) / n if n else float("nan")
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / n) if n else float("nan")
@@ -176,7 +181,7 @@ def rollout_metrics(trajectories: Iterable[Any]) -> dict[str, Any]:
     }
 
 
-def plot_curves(history: list[Mapping[str, Any]], out: str | Path, title: str = "GRPO training",
+def plot_curves(history: Sequence[Mapping[str, Any]], out: str | Path, title: str = "GRPO training",
                 keys: Iterable[str] = CURVES) -> Path:
     """One small panel per metric against the iteration (plus worker shares, stacked), written atomically."""
     import matplotlib
@@ -209,10 +214,4 @@ def plot_curves(history: list[Mapping[str, Any]], out: str | Path, title: str = 
         ax.axis("off")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    fig.savefig(tmp, dpi=100, format="png")
-    plt.close(fig)
-    os.replace(tmp, out)
-    return out
+    return save_figure(fig, out, dpi=100)

@@ -27,7 +27,7 @@ import hashlib
 import json
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conductor.learning.grpo.batching import Encoded, encode, make_batch, micro_batches, model_calls
 from conductor.learning.grpo.checkpoint import (
@@ -47,6 +47,10 @@ from conductor.learning.grpo.precision import autocast, device_dtype, dtype_mode
 from conductor.learning.grpo.samples import Sample, SampleStats, build_samples
 from conductor.learning.grpo.update import iteration_metrics, run_update
 
+if TYPE_CHECKING:
+    from conductor.learning.grpo.tracking import MetricsTracker
+    from conductor.trajectory import Trajectory
+
 __all__ = ["PolicyTrainer", "TrainError", "grpo_step"]
 
 
@@ -60,7 +64,7 @@ class PolicyTrainer:
     """
 
     def __init__(self, spec: str, config: GRPOConfig, *, system_prompt: str | None = None,
-                 reference: str | None = None, tracker: Any = None):
+                 reference: str | None = None, tracker: MetricsTracker | None = None):
         """``reference``: the starting policy that KL is measured against (and penalised, ``kl_beta > 0``);
         default: ``spec`` itself. A chain of one-step processes (the nightly flow) passes the chain's start.
         ``tracker``: a ``conductor.learning.grpo.tracking.MetricsTracker``; every ``step`` logs its metrics there."""
@@ -198,7 +202,7 @@ class PolicyTrainer:
         for i, e in enumerate(missing):
             e.behaviour = done[i]
 
-    def step(self, trajectories: Iterable[Any]) -> dict[str, Any]:
+    def step(self, trajectories: Iterable[Trajectory]) -> dict[str, Any]:
         """One GRPO iteration over a rollout batch; returns metrics (the same on every rank when sharded)."""
         t0 = time.time()
         cfg = self.cfg
@@ -225,19 +229,17 @@ class PolicyTrainer:
 
     def _mark_choices(self, enc: list[Encoded], samples: list[Sample]) -> None:
         """Under a decoding contract, the loss sees only the tokens where the grammar left a choice
-        (``transformers_backend.choice_positions``); without one, every completion token."""
+        (``conductor.decoding.vocabulary.choice_positions``); without one, every completion token."""
         fmt = self.conductor_format
         if fmt is None:
             return
-        from conductor.learning.grpo.format import n_workers_in
-        from conductor.policy.transformers_backend import choice_positions, eos_token_ids, llguidance_vocabulary
+        from conductor.decoding.vocabulary import choice_positions, eos_token_ids, llguidance_vocabulary
 
         if self._lltok is None:
             self._lltok = llguidance_vocabulary(self.model, self.tokenizer, eos_token_ids(self.model, self.tokenizer))
         for e, s in zip(enc, samples, strict=True):
-            k = n_workers_in(s.prompt)
-            if k and e.completion_ids:
-                e.choice = choice_positions(self._lltok, fmt.grammar(k), e.completion_ids)
+            if s.n_workers and e.completion_ids:
+                e.choice = choice_positions(self._lltok, fmt.grammar(s.n_workers), e.completion_ids)
 
     def _samples(self, trajectories: list[Any]) -> tuple[list[Sample], SampleStats]:
         """The batch's samples with their advantages; records the rollout runs and pools for the lineage."""
@@ -308,10 +310,10 @@ class PolicyTrainer:
                          weights=weights, optimizer_state=optim, overwrite=overwrite)
 
 
-def grpo_step(model_dir_or_spec: str, trajectories: Iterable[Any], config: GRPOConfig | None = None, *,
+def grpo_step(model_dir_or_spec: str, trajectories: Iterable[Trajectory], config: GRPOConfig | None = None, *,
               out: str | None = None, checkpoint_id: str | None = None,
               system_prompt: str | None = None, reference: str | None = None,
-              tracker: Any = None) -> tuple[str, dict[str, Any]]:
+              tracker: MetricsTracker | None = None) -> tuple[str, dict[str, Any]]:
     """Load a checkpoint, run one GRPO iteration on ``trajectories``, save the child checkpoint.
 
     ``out`` defaults to a sibling directory ``<parent>-it<N>`` (for a .gguf

@@ -143,6 +143,8 @@ def micro_batch_step(trainer: Trainable, chunk: list[Encoded], real: bool, share
     mask = b["loss_mask"]
     beh = torch.zeros_like(logp)
     for j, e in enumerate(chunk):
+        if e.behaviour is None:             # filled in (recomputed) before any micro-batch runs
+            raise ValueError("micro_batch_step: a sample without behaviour log-probs")
         beh[j, : len(e.behaviour)] = torch.tensor(e.behaviour, dtype=logp.dtype, device=logp.device)
     adv = torch.tensor([e.advantage for e in chunk], dtype=logp.dtype, device=logp.device)
     with autocast(cfg, device):

@@ -14,7 +14,7 @@ from typing import Any
 
 from conductor.workers.pool import Worker
 from conductor.workers.providers.base import Completion, Message, ProviderError, register_provider
-from conductor.workers.providers.shared import classify, split_system, with_prefill
+from conductor.workers.providers.shared import LoopBoundClose, classify, split_system, with_prefill
 from conductor.workers.secrets import get_key
 
 MIN_THINKING_BUDGET = 1024
@@ -29,6 +29,7 @@ class AnthropicMessages:
         key = get_key(worker.api_key_env or "ANTHROPIC_API_KEY", worker.name)
         self.client = anthropic.AsyncAnthropic(api_key=key, base_url=worker.base_url, max_retries=0,
                                                timeout=worker.limits.timeout_s)
+        self.closing = LoopBoundClose(self.client.close)
         s = worker.sampling
         self.thinking = bool(s.thinking_budget)
         p: dict[str, Any] = {"model": worker.model}
@@ -59,8 +60,9 @@ class AnthropicMessages:
         wire = [{"role": m.role, "content": m.content} for m in rest]
         extra = {"system": system} if system else {}
         who = f"worker {self.worker.name}"
+        await self.closing.arm()
         try:
-            r = await self.client.messages.create(messages=wire, **self.params, **extra)  # type: ignore[arg-type]
+            r = await self.client.messages.create(messages=wire, **self.params, **extra)  # type: ignore[call-overload]
         except BaseException as e:  # noqa: BLE001
             if isinstance(e, (KeyboardInterrupt, SystemExit)) or type(e).__name__ == "CancelledError":
                 raise
@@ -73,7 +75,7 @@ class AnthropicMessages:
         return Completion(text, in_tok, out_tok, _STOP.get(r.stop_reason or "", r.stop_reason))
 
     async def aclose(self) -> None:
-        await self.client.close()
+        await self.closing.aclose()
 
 
 @register_provider("anthropic")

@@ -12,11 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
+from conductor.trajectory import ErrorKind
+
 if TYPE_CHECKING:
     from conductor.workers.pool import Worker
 
-ErrorKind = Literal["rate_limited", "timeout", "server", "malformed", "auth", "permanent", "budget", "missing_key",
-                    "cache_miss"]
 RETRYABLE: frozenset[str] = frozenset({"rate_limited", "timeout", "server", "malformed"})
 
 

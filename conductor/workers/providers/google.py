@@ -12,7 +12,7 @@ from typing import Any
 
 from conductor.workers.pool import Worker
 from conductor.workers.providers.base import Completion, Message, ProviderError, register_provider
-from conductor.workers.providers.shared import classify, split_system, with_prefill
+from conductor.workers.providers.shared import LoopBoundClose, classify, split_system, with_prefill
 from conductor.workers.secrets import get_key
 
 _FINISH = {"STOP": "stop", "MAX_TOKENS": "length"}
@@ -30,6 +30,7 @@ class GeminiGenerate:
         if worker.base_url:
             http["base_url"] = worker.base_url
         self.client = genai.Client(api_key=key, http_options=types.HttpOptions(**http))
+        self.closing = LoopBoundClose(self._close_client)
         s = worker.sampling
         cfg: dict[str, Any] = {"temperature": s.temperature, "max_output_tokens": s.max_tokens}
         if s.top_p is not None:
@@ -57,6 +58,7 @@ class GeminiGenerate:
     async def complete(self, messages: list[Message], *, sample_index: int = 0) -> Completion:
         contents, config = self.request(messages)
         who = f"worker {self.worker.name}"
+        await self.closing.arm()
         try:
             r = await self.client.aio.models.generate_content(model=self.worker.model, contents=contents, config=config)
         except BaseException as e:  # noqa: BLE001
@@ -70,6 +72,9 @@ class GeminiGenerate:
         return Completion(text, in_tok, out_tok, reason)
 
     async def aclose(self) -> None:
+        await self.closing.aclose()
+
+    async def _close_client(self) -> None:
         try:
             await self.client.aio.aclose()
         except AttributeError:   # older SDKs have no explicit close

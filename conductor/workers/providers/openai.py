@@ -18,7 +18,7 @@ from typing import Any
 
 from conductor.workers.pool import Worker
 from conductor.workers.providers.base import Completion, Message, ProviderError, register_provider
-from conductor.workers.providers.shared import classify, estimate_tokens, with_prefill
+from conductor.workers.providers.shared import LoopBoundClose, classify, estimate_tokens, with_prefill
 from conductor.workers.secrets import get_key
 
 _NO_KEY = "no-key-needed"
@@ -36,6 +36,7 @@ class OpenAIChat:
         key = get_key(env, worker.name) if env else _NO_KEY
         self.client = openai.AsyncOpenAI(api_key=key, base_url=worker.base_url, max_retries=0,
                                          timeout=worker.limits.timeout_s)
+        self.closing = LoopBoundClose(self.client.close)
         self.params = self._params()
         self._started = False
 
@@ -83,6 +84,7 @@ class OpenAIChat:
         msgs = with_prefill(msgs, s.assistant_prefill)
         wire = [{"role": m.role, "content": m.content} for m in msgs]
         who = f"worker {self.worker.name}"
+        await self.closing.arm()
         try:
             r = await self.client.chat.completions.create(messages=wire, **self.params)  # type: ignore[arg-type]
         except BaseException as e:  # noqa: BLE001 - classified, never swallowed
@@ -107,7 +109,7 @@ class OpenAIChat:
         return Completion(text, in_tok, out_tok, choice.finish_reason)
 
     async def aclose(self) -> None:
-        await self.client.close()
+        await self.closing.aclose()
 
 
 @register_provider("openai")

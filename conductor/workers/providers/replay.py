@@ -91,7 +91,9 @@ class ReplayProvider:
 
     async def complete(self, messages: list[Message], *, sample_index: int = 0) -> Completion:
         self.calls += 1
-        index = self._index or await asyncio.to_thread(self.index)   # first load off the event loop
+        index = self._index
+        if index is None:
+            index = await asyncio.to_thread(self.index)   # first load off the event loop
         rec = index.find_messages(messages)
         if rec is None:
             raise ProviderError("permanent", f"replay worker {self.worker.name}: no recording for this question "

@@ -1,4 +1,4 @@
-"""What every SDK-backed provider needs: error classification and message shaping.
+"""What every SDK-backed provider needs: error classification, message shaping, closing the client.
 
 WHY one place: the retry loop only understands ``ProviderError.kind``; every
 SDK raises its own exception classes, so each provider funnels them through
@@ -11,8 +11,10 @@ import asyncio
 import email.utils
 import json
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from conductor.trajectory import ErrorKind
 from conductor.workers.providers.base import Message, ProviderError
 from conductor.workers.secrets import redact
 
@@ -49,7 +51,7 @@ def retry_after_from_headers(headers: Any) -> float | None:
             return None
 
 
-def kind_for_status(status: int) -> str:
+def kind_for_status(status: int) -> ErrorKind:
     """Map an HTTP status to a ProviderError kind.
 
     >>> [kind_for_status(s) for s in (429, 503, 529, 401, 400, 408)]
@@ -81,7 +83,7 @@ def classify(exc: BaseException, who: str) -> ProviderError:
         return ProviderError("timeout", f"{who}: timed out ({name})")
     if isinstance(status, int) and status >= 400:
         kind = kind_for_status(status)
-        return ProviderError(kind, f"{who}: HTTP {status}: {detail}",  # type: ignore[arg-type]
+        return ProviderError(kind, f"{who}: HTTP {status}: {detail}",
                              retry_after=retry_after_from_headers(headers), status=status)
     if isinstance(exc, (httpx.TransportError, ConnectionError)) or "Connect" in name or "Disconnect" in name:
         return ProviderError("server", f"{who}: connection failed ({name}): {detail}")
@@ -116,3 +118,37 @@ def estimate_tokens(text: str) -> int:
     2
     """
     return max(1, len(text) // 4) if text else 0
+
+
+class LoopBoundClose:
+    """Closes an async SDK client on the event loop that used it, before that loop closes.
+
+    WHY: an SDK client's connections belong to the loop they were opened on. The executor drops its providers
+    when a shard's ``asyncio.run`` ends and builds new ones on the next loop; a client dropped unclosed is
+    closed by the SDK's ``__del__`` on whatever loop runs at garbage collection, which fails with "Event loop
+    is closed" and prints "Task exception was never retrieved" and a traceback on a successful run. ``arm()``
+    (awaited on each call) starts an async generator parked on the running loop; ``asyncio.run`` closes open
+    async generators (``loop.shutdown_asyncgens``) before it closes the loop, and the generator's ``finally``
+    closes the client there. An explicit ``aclose()`` first makes that a no-op.
+    """
+
+    def __init__(self, close: Callable[[], Awaitable[None]]):
+        self._close = close
+        self._guard: AsyncIterator[None] | None = None   # held here: the loop keeps only a weak reference
+        self.closed = False
+
+    async def arm(self) -> None:
+        if self._guard is None:
+            self._guard = self._until_loop_shutdown()
+            await anext(self._guard)
+
+    async def _until_loop_shutdown(self) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        if not self.closed:
+            self.closed = True
+            await self._close()

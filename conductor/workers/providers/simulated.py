@@ -8,11 +8,11 @@ so the whole learning loop (rollouts -> GRPO -> evaluation -> promotion) can be
 tested and benchmarked on a CPU in minutes, against a pool where the best
 routing is known in advance.
 
-To be "correct" a simulated worker must know the gold answer. The rollout or
-evaluation code tells it through a process-wide registry
-(:func:`register_gold`), keyed by a hash of the question text, or through a
-JSONL side file named in ``options.gold_path`` (lines ``{"question", "gold",
-"domain"}``) for runs that span processes. The worker finds the question in
+To be "correct" a simulated worker must know the gold answer. The shard loop
+tells it the questions of the run it starts (:func:`know_questions`) through a
+process-wide registry (:func:`register_gold`), keyed by a hash of the question
+text; a run can also name a JSONL side file in ``options.gold_path`` (lines
+``{"question", "gold", "domain"}``). The worker finds the question in
 the rendered messages (inside ``<overall_task>`` tags when present, otherwise
 by substring). Outcomes are deterministic given ``options.seed``, the worker
 name, the messages and ``sample_index`` (a SHA-256-seeded RNG).
@@ -44,7 +44,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from conductor.workers.providers.base import Completion, Message, ProviderError, register_provider
 
 if TYPE_CHECKING:
-    from conductor.workers.pool import Worker
+    from conductor.data.questions import Question
+    from conductor.workers.pool import Pool, Worker
 
 # Domain names other modules may use, folded onto the simulator's skill keys.
 DOMAIN_ALIASES = {
@@ -137,6 +138,33 @@ def register_questions(rows: Iterable[Any]) -> int:
     return n
 
 
+def know_questions(pool: Pool, questions: Iterable[Question]) -> int:
+    """Tell the simulated workers of ``pool`` the gold of ``questions``, the ones a run is about to ask them;
+    returns how many were registered (none for a pool without simulated workers, or questions without gold).
+
+    WHY here: a simulated worker is right (or plausibly wrong) only if it knows the gold, so whoever sets a pool to
+    work on questions (the shard loop, conductor/run/shards.py) tells it through this one call; the pipeline's
+    stages never ask what kind of worker they call.
+
+    >>> from conductor.data.questions import Question
+    >>> from conductor.workers.pool import Pool, Worker
+    >>> q = Question(id="q", dataset="d", domain="math", prompt="What is 6*7?", gold="42")
+    >>> sim = Pool(pool_id="p", workers=[Worker(name="s", provider="simulated", model="s")])
+    >>> know_questions(sim, [q]), lookup_gold([Message("user", "What is 6*7?")])
+    (1, GoldRecord(gold='42', domain='math', dataset='d', n_choices=4))
+    >>> know_questions(Pool(pool_id="p", workers=[Worker(name="o", provider="openai", model="o")]), [q])
+    0
+    """
+    if not any(w.provider == "simulated" for w in pool.workers):
+        return 0
+    n = 0
+    for q in questions:
+        if q.gold is not None:
+            register_gold(q.prompt, q.gold, q.domain, q.dataset)
+            n += 1
+    return n
+
+
 def clear_gold() -> None:
     with _LOCK:
         _GOLD.clear()
@@ -145,13 +173,10 @@ def clear_gold() -> None:
 
 def write_gold_file(path: str | Path, rows: Iterable[tuple[str, str, str]]) -> Path:
     """Write the JSONL side channel (question, gold, domain) atomically."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for q, g, d in rows:
-            f.write(json.dumps({"question": q, "gold": g, "domain": d}) + "\n")
-    tmp.replace(path)
-    return path
+    from conductor.files import atomic_write_text
+
+    return atomic_write_text(path, "".join(json.dumps({"question": q, "gold": g, "domain": d}) + "\n"
+                                           for q, g, d in rows))
 
 
 def _load_file(path: str) -> dict[str, GoldRecord]:

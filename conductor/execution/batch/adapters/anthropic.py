@@ -10,7 +10,7 @@ tokens and priced at the cached rate.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from conductor.execution.batch.adapters.base import BatchCompletion, BatchRequest, Outcome, Poll, register_batch_adapter
 from conductor.workers.providers.anthropic import _STOP
@@ -63,8 +63,8 @@ def parse_result(result: Any) -> Outcome:
 
 @register_batch_adapter("anthropic")
 class AnthropicBatches:
-    name = "anthropic"
-    per_model = False
+    name: ClassVar[str] = "anthropic"
+    per_model: ClassVar[bool] = False
 
     def __init__(self, provider: Any):
         self.client = provider.client
@@ -73,7 +73,7 @@ class AnthropicBatches:
     async def submit(self, requests: Sequence[BatchRequest]) -> str:
         reqs = [{"custom_id": r.custom_id, "params": request_params(r.provider, r.messages)} for r in requests]
         try:
-            b = await self.client.messages.batches.create(requests=reqs)  # type: ignore[arg-type]
+            b = await self.client.messages.batches.create(requests=reqs)
         except Exception as e:  # noqa: BLE001
             raise classify(e, self.who) from None
         return str(b.id)

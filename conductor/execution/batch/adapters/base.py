@@ -13,7 +13,7 @@ import importlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from conductor.workers.providers.base import Completion, Message
 
@@ -67,6 +67,8 @@ class BatchAdapter(Protocol):
     name: ClassVar[str]
     per_model: ClassVar[bool]     # the API takes one model per batch (OpenAI, Gemini) or many (Anthropic)
 
+    def __init__(self, provider: Any) -> None: ...   # the worker's synchronous provider object (its SDK client)
+
     async def submit(self, requests: Sequence[BatchRequest]) -> str: ...
 
     async def poll(self, batch_id: str, custom_ids: Sequence[str]) -> Poll: ...
@@ -75,20 +77,21 @@ class BatchAdapter(Protocol):
 
 
 AdapterFactory = Callable[[Any], BatchAdapter]     # built from a provider object (its SDK client)
-_REGISTRY: dict[str, type] = {}
+_REGISTRY: dict[str, type[BatchAdapter]] = {}
+_A = TypeVar("_A", bound="type[BatchAdapter]")
 _MODULES = {"openai": "openai", "openai_compatible": "openai", "anthropic": "anthropic", "google": "google"}
 
 
-def register_batch_adapter(*providers: str) -> Callable[[type], type]:
+def register_batch_adapter(*providers: str) -> Callable[[_A], _A]:
     """Class decorator: this adapter serves these manifest ``provider:`` values."""
-    def deco(cls: type) -> type:
+    def deco(cls: _A) -> _A:
         for p in providers:
             _REGISTRY[p] = cls
         return cls
     return deco
 
 
-def adapter_class(provider: str) -> type:
+def adapter_class(provider: str) -> type[BatchAdapter]:
     if provider not in _REGISTRY and provider in _MODULES:
         importlib.import_module(f"conductor.execution.batch.adapters.{_MODULES[provider]}")
     if provider not in _REGISTRY:
@@ -107,7 +110,7 @@ def group_key(worker: Worker) -> str:
     False
     """
     cls = adapter_class(worker.provider)
-    parts: list[Any] = [cls.name, worker.provider, worker.base_url or "", worker.api_key_env or ""]
+    parts: list[str] = [cls.name, worker.provider, worker.base_url or "", worker.api_key_env or ""]
     if cls.per_model:
         parts.append(worker.model)
     return json.dumps(parts)

@@ -8,7 +8,7 @@ order with their metadata, so they are matched by custom id, falling back to pos
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from conductor.execution.batch.adapters.base import BatchCompletion, BatchRequest, Outcome, Poll, register_batch_adapter
 from conductor.workers.providers.base import Message
@@ -43,8 +43,8 @@ def error_outcome(err: Any) -> Outcome:
 
 @register_batch_adapter("google")
 class GeminiBatches:
-    name = "google"
-    per_model = True
+    name: ClassVar[str] = "google"
+    per_model: ClassVar[bool] = True
 
     def __init__(self, provider: Any):
         self.client = provider.client

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from conductor.execution.batch.adapters.base import BatchCompletion, BatchRequest, Outcome, Poll, register_batch_adapter
 from conductor.workers.providers.base import Message
@@ -69,8 +69,8 @@ def parse_line(line: dict[str, Any], official: bool) -> tuple[str, Outcome]:
 
 @register_batch_adapter("openai", "openai_compatible")
 class OpenAIBatches:
-    name = "openai"
-    per_model = True
+    name: ClassVar[str] = "openai"
+    per_model: ClassVar[bool] = True
 
     def __init__(self, provider: Any):
         self.client = provider.client          # the worker's AsyncOpenAI (SDK retries off; the scheduler retries)
