@@ -654,15 +654,7 @@ def headroom_report(matrix: OutcomeMatrix, *, policy: PolicyOutcome | None = Non
     if not 0 < alpha < 1 or n_boot < 100:
         raise ValueError("headroom: alpha must be in (0, 1) and n_boot at least 100")
     notes = list(matrix.notes)
-    if policy is not None:
-        answered = [q for q in matrix.question_ids if q in policy.correct and policy.correct[q] is not None]
-        if not answered:
-            raise ValueError(f"headroom: the policy {policy.label!r} answered none of the matrix's questions")
-        if len(answered) < matrix.n_questions:
-            notes.append(f"left out {matrix.n_questions - len(answered)} questions the policy {policy.label} did not "
-                         "answer")
-            matrix = matrix.subset(answered)
-    m = matrix.sorted()
+    m = _answered_by(matrix, policy, notes).sorted()
     n = m.n_questions
     if n < 2:
         raise ValueError(f"headroom: needs at least 2 questions (got {n})")
@@ -672,17 +664,8 @@ def headroom_report(matrix: OutcomeMatrix, *, policy: PolicyOutcome | None = Non
     b, s = m.best_worker, m.cheapest_worker
     qids = m.question_ids
 
-    # the cross-fit oracle
     k = min(folds, n)
-    fold = np.empty(n, dtype=int)
-    fold[np.random.default_rng(seed).permutation(n)] = np.arange(n) % k
-    feats = hashed_features(m.texts) if m.texts is not None and any(t.strip() for t in m.texts) else None
-    doms = m.domains
-    chosen = np.empty(n, dtype=int)
-    for f in range(k):
-        test = np.flatnonzero(fold == f)
-        train = np.flatnonzero(fold != f)
-        chosen[test] = route(m.correct, c, train, test, features=feats, domains=doms, cost_weight=cost_weight)
+    chosen, features = cross_fit_choices(m, k, seed, cost_weight)
     x_y = y[np.arange(n), chosen]
     x_c = c[np.arange(n), chosen]
 
@@ -699,13 +682,7 @@ def headroom_report(matrix: OutcomeMatrix, *, policy: PolicyOutcome | None = Non
     mix_y = (1 - lam) * y[:, mi] + lam * y[:, mj]
     mix_label = names[mi] if mi == mj else f"{names[mi]} / {names[mj]}, {100 * lam:.0f}% to {names[mj]}"
 
-    # the policy
-    p_y = p_c = None
-    if policy is not None:
-        p_y = np.array([float(bool(policy.correct[q])) for q in qids])
-        cost = policy.cost_usd
-        p_c = (np.array([float(cost.get(q, 0.0)) for q in qids]) if isinstance(cost, Mapping)
-               else np.full(n, float(cost)))
+    p_y, p_c = _policy_columns(policy, qids)
 
     # one set of resamples for every point's interval
     cols = [y[:, w] for w in range(m.n_workers)] + [mix_y, x_y, a_y] + ([p_y] if p_y is not None else [])
@@ -723,11 +700,8 @@ def headroom_report(matrix: OutcomeMatrix, *, policy: PolicyOutcome | None = Non
 
     best_y = y[:, b]
     pair = lambda name, v, base, base_name, binary=True: paired(name, v, base_name, base, qids, n_boot, seed, binary)  # noqa: E731
-    router = CrossFitRouter(
-        learner=LEARNER, folds=k, seed=seed, cost_weight=cost_weight,
-        features=("text+domain" if feats is not None and doms is not None else "text" if feats is not None
-                  else "domain" if doms is not None else "none"),
-        choices={names[w]: int((chosen == w).sum()) for w in range(m.n_workers)})
+    router = CrossFitRouter(learner=LEARNER, folds=k, seed=seed, cost_weight=cost_weight, features=features,
+                            choices={names[w]: int((chosen == w).sum()) for w in range(m.n_workers)})
     return HeadroomReport(
         n_questions=n, workers=w_points, best_single=names[b], cheapest=names[s], random_mix=line,
         mix_at_cross_fit_cost=mix_p, cross_fit=x_p, any_correct=a_p,
@@ -737,6 +711,50 @@ def headroom_report(matrix: OutcomeMatrix, *, policy: PolicyOutcome | None = Non
         router=router, margin=margin, alpha=alpha, n_boot=n_boot, seed=seed, policy=pol_p,
         policy_vs_best=pair(policy.label, p_y, best_y, names[b]) if policy is not None and p_y is not None else None,
         notes=tuple(notes))
+
+
+def _answered_by(matrix: OutcomeMatrix, policy: PolicyOutcome | None, notes: list[str]) -> OutcomeMatrix:
+    """The matrix on the questions the policy answered (all of them without a policy); says what it left out."""
+    if policy is None:
+        return matrix
+    answered = [q for q in matrix.question_ids if q in policy.correct and policy.correct[q] is not None]
+    if not answered:
+        raise ValueError(f"headroom: the policy {policy.label!r} answered none of the matrix's questions")
+    if len(answered) < matrix.n_questions:
+        notes.append(f"left out {matrix.n_questions - len(answered)} questions the policy {policy.label} did not "
+                     "answer")
+        return matrix.subset(answered)
+    return matrix
+
+
+def cross_fit_choices(m: OutcomeMatrix, k: int, seed: int, cost_weight: float) -> tuple[np.ndarray, str]:
+    """The cross-fit oracle's worker per question (each fold routed by a router fit on the other folds), and the
+    features it routed on."""
+    n = m.n_questions
+    fold = np.empty(n, dtype=int)
+    fold[np.random.default_rng(seed).permutation(n)] = np.arange(n) % k
+    feats = hashed_features(m.texts) if m.texts is not None and any(t.strip() for t in m.texts) else None
+    doms = m.domains
+    chosen = np.empty(n, dtype=int)
+    for f in range(k):
+        test = np.flatnonzero(fold == f)
+        train = np.flatnonzero(fold != f)
+        chosen[test] = route(m.correct, m.cost_usd, train, test, features=feats, domains=doms,
+                             cost_weight=cost_weight)
+    features = ("text+domain" if feats is not None and doms is not None else "text" if feats is not None
+                else "domain" if doms is not None else "none")
+    return chosen, features
+
+
+def _policy_columns(policy: PolicyOutcome | None, qids: Sequence[str]) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The policy's correctness and dollars per question, in ``qids`` order (None, None without a policy)."""
+    if policy is None:
+        return None, None
+    p_y = np.array([float(bool(policy.correct[q])) for q in qids])
+    cost = policy.cost_usd
+    p_c = (np.array([float(cost.get(q, 0.0)) for q in qids]) if isinstance(cost, Mapping)
+           else np.full(len(qids), float(cost)))
+    return p_y, p_c
 
 
 def best_mix_at_cost(accuracy: Sequence[float], dollars: Sequence[float], budget: float) -> tuple[int, int, float]:
