@@ -30,6 +30,7 @@ this module touches nothing but the text.
 from __future__ import annotations
 
 import re
+from abc import abstractmethod
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError, model_validator
@@ -74,8 +75,9 @@ class _Spec(BaseModel):
     is_strategy: ClassVar[bool] = False
     kind: str   # each kind narrows it to its Literal: the union's discriminator
 
-    def __str__(self) -> str:  # pragma: no cover - each kind writes its own
-        raise NotImplementedError
+    @abstractmethod
+    def __str__(self) -> str:
+        """The canonical text (each kind writes its own)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self)!r})"
@@ -114,8 +116,9 @@ class _BackendSpec(_Spec):
         return self.kind
 
     @property
+    @abstractmethod
     def target(self) -> str:
-        raise NotImplementedError
+        """What the backend loads: a model name, a directory or a file."""
 
     @property
     def extra(self) -> str | None:
