@@ -440,7 +440,7 @@ _KIND_DOMAINS: dict[str, Domain] = {"math": "math", "numeric": "math", "mcq": "m
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-_QUESTION_ALIASES = ("question", "problem", "prompt", "input")
+QUESTION_ALIASES = ("question", "problem", "prompt", "input")
 
 
 def load_file(path: str | os.PathLike[str], *, dataset: str | None = None, domain: Domain = "free",
@@ -496,7 +496,7 @@ def _row_text(row: dict[str, Any], cols: ColumnMap, where: str) -> tuple[str, st
     The question column may be spelled ``problem``, ``prompt`` or ``input`` when the map keeps the default."""
     qcol = cols.question
     if qcol not in row and qcol == "question":
-        qcol = next((a for a in _QUESTION_ALIASES if a in row), qcol)
+        qcol = next((a for a in QUESTION_ALIASES if a in row), qcol)
     text = row.get(qcol)
     if text is None or not str(text).strip():
         raise DatasetError(f"{where}: missing or empty field {qcol!r}")

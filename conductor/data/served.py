@@ -31,10 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conductor.data.datasets import DatasetError, iter_rows
+from conductor.data.datasets import QUESTION_ALIASES, DatasetError, iter_rows
 from conductor.workers.recordings import normalize_question
 
-_QUESTION_COLUMNS = ("question", "problem", "prompt", "input")   # the loader's aliases (conductor.data.datasets)
 _REDACTED = "[REDACTED:"
 
 
@@ -52,7 +51,7 @@ def label_request_id(label_id: str) -> str:
 
 
 def redaction_mark(text: str) -> str:
-    """The mark ``conductor serve`` stores instead of the user's text (conductor/serve/lake.py: ``scrub``).
+    """The mark ``conductor serve`` stores instead of the user's text (``conductor.serve.lake.scrub`` writes it).
 
     >>> redaction_mark("What is 2+2?")[:10]
     '[REDACTED:'
@@ -128,7 +127,7 @@ def select_labelled(traffic: ServedTraffic, labels: str) -> ServedSelection:
     n = 0
     for i, (lineno, row) in enumerate(iter_rows(labels)):
         n += 1
-        column = next((c for c in _QUESTION_COLUMNS if c in row), None)
+        column = next((c for c in QUESTION_ALIASES if c in row), None)
         text = row.get(column) if column else None
         if not isinstance(text, str) or not text.strip():
             raise DatasetError(f"{labels}:{lineno}: missing or empty field 'question'")

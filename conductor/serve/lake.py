@@ -12,7 +12,6 @@ replies and answers are kept (they may quote parts of it). API keys are scrubbed
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
@@ -21,6 +20,7 @@ import uuid
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from conductor.data.served import redaction_mark
 from conductor.workers.secrets import redact
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ def scrub(t: Trajectory, store_text: bool) -> Trajectory:
     by the executor), the user's text replaced unless ``store_text``."""
     question = t.question
     if not store_text and question:
-        mark = f"[REDACTED:{hashlib.sha256(question.encode()).hexdigest()[:16]}]"
+        mark = redaction_mark(question)
         rounds = [replace(r, prompt=r.prompt.replace(question.strip(), mark).replace(question, mark))
                   for r in t.rounds]
     else:
