@@ -17,12 +17,20 @@ Above the last line it prints the tokens behind the figures (conductor prefill a
 decode; worker prefill and decode on the 1.5B; other calls' seconds) and the floor they imply at this
 machine's measured llama.cpp prefill and decode rates for the 1.5B.
 
+With ``--busy`` it then runs the conductor (cold, saved prefixes) and the 1.5B alone again while another process
+keeps one core busy (a spinning Python process, as a user's other job would), measures the llama.cpp rates
+under that load, and prints the busy ratio and its floor beside the idle ones.
+
     python bench/answer_flow.py                                           # the quickstart mix, 10 questions
+    python bench/answer_flow.py --busy                                    # and again with one core busy
     python bench/answer_flow.py --questions gsm8k_test:2,mmlu_stem:2      # a quick look
 
-Last line: ``conductor_s_per_question=<x> single_s_per_question=<y> ratio=<x/y> cold_questions_per_min=<c>
-warm_questions_per_min=<w> warm_speedup=<w/c> conductor_accuracy=<a> single_accuracy=<b> resume_s=<s>
-first_run_s_per_question=<f>``.
+Last line: ``conductor_s_per_question=<x> single_s_per_question=<y> ratio=<x/y> floor_ratio=<f>
+cold_questions_per_min=<c> warm_questions_per_min=<w> warm_speedup=<w/c> conductor_accuracy=<a>
+single_accuracy=<b> resume_s=<s> first_run_s_per_question=<f>`` and, with ``--busy``, ``busy_conductor_s_per_question=<x>
+busy_single_s_per_question=<y> busy_ratio=<x/y> busy_floor_ratio=<f>``. A floor is the tokens' time at the
+measured single-stream rates, the conductor's decode counted token by token (its prompt-lookup drafts are
+verified in batches, so it can run below its floor).
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,6 +67,17 @@ def _answer(questions: str, out: Path, run_id: str, extra: list[str], cache: Pat
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
         raise SystemExit(f"answer_flow: `{' '.join(cmd[2:])}` exited {proc.returncode}: " + " | ".join(tail))
     return wall, json.loads((out / "summary.json").read_text())
+
+
+@contextmanager
+def busy_core() -> Iterator[None]:
+    """Another process keeping one core busy for as long as the block runs."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()
 
 
 def llama_rates(threads: int) -> tuple[float, float]:
@@ -137,6 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-steps", type=int, default=3)
     ap.add_argument("--shard-size", type=int, default=5)
     ap.add_argument("--keep", default=None, help="keep the run directories in this new directory (default: a temp dir, removed)")
+    ap.add_argument("--busy", action="store_true", help="also run the conductor and the 1.5B alone with one core kept busy")
     a = ap.parse_args(argv)
 
     work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="conductor-answer-bench-"))
@@ -170,25 +192,53 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[resume]         same command again: {resume_s:.1f}s, rows unchanged ({resumed['trajectories']})", flush=True)
         c = token_budget(work / "cold" / "lake", "bench-cold", seen=work / "first" / "lake", seen_run="bench-first")
         s = single_budget(work / "single" / "lake", "bench-single")
-        c_floor = ((c["conductor_prefill"] + c["worker_prefill"]) / prefill_rate
-                   + (c["conductor_decode"] + c["worker_decode"]) / decode_rate + c["other_call_s"])
-        s_floor = s["worker_prefill"] / prefill_rate + s["worker_decode"] / decode_rate
-        print(f"[tokens/q] conductor: prefill {c['conductor_prefill']:.0f} (after reused prefixes) decode "
-              f"{c['conductor_decode']:.0f}; 1.5B worker prefill {c['worker_prefill']:.0f} decode {c['worker_decode']:.0f}; "
-              f"other calls {c['other_call_s']:.1f}s -> floor {c_floor:.1f}s/q (measured {cold_s / n:.1f}; first run "
-              f"{first_s / max(1, first['questions']):.1f})", flush=True)
-        print(f"[tokens/q] single:    1.5B prefill {s['worker_prefill']:.0f} decode {s['worker_decode']:.0f} "
-              f"-> floor {s_floor:.1f}s/q (measured {single_s / max(1, single['questions']):.1f})", flush=True)
+        floors = report_floors(c, s, (prefill_rate, decode_rate), cold_s / n, single_s / max(1, single["questions"]),
+                               first_s / max(1, first["questions"]))
+        busy = run_busy(a, work, extra, common, prefixes, c, s) if a.busy else ""
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
     c_spq, s_spq = cold_s / n, single_s / max(1, single["questions"])
     cold_qpm, warm_qpm = 60 * n / cold_s, 60 * warm["questions"] / warm_s
     print(f"conductor_s_per_question={c_spq:.1f} single_s_per_question={s_spq:.1f} ratio={c_spq / s_spq:.2f} "
-          f"cold_questions_per_min={cold_qpm:.3f} warm_questions_per_min={warm_qpm:.3f} "
+          f"floor_ratio={floors:.2f} cold_questions_per_min={cold_qpm:.3f} warm_questions_per_min={warm_qpm:.3f} "
           f"warm_speedup={warm_qpm / cold_qpm:.1f} conductor_accuracy={cold['accuracy']} "
           f"single_accuracy={single['accuracy']} resume_s={resume_s:.1f} "
-          f"first_run_s_per_question={first_s / max(1, first['questions']):.1f}")
+          f"first_run_s_per_question={first_s / max(1, first['questions']):.1f}{busy}")
+
+
+def report_floors(c: dict[str, float], s: dict[str, float], rates: tuple[float, float], c_spq: float, s_spq: float,
+                  first_spq: float | None = None, label: str = "") -> float:
+    """Print the tokens per question behind both runs and the floors they imply at ``rates``; the floor ratio."""
+    prefill_rate, decode_rate = rates
+    c_floor = ((c["conductor_prefill"] + c["worker_prefill"]) / prefill_rate
+               + (c["conductor_decode"] + c["worker_decode"]) / decode_rate + c["other_call_s"])
+    s_floor = s["worker_prefill"] / prefill_rate + s["worker_decode"] / decode_rate
+    first = f"; first run {first_spq:.1f}" if first_spq is not None else ""
+    print(f"[tokens/q{label}] conductor: prefill {c['conductor_prefill']:.0f} (after reused prefixes) decode "
+          f"{c['conductor_decode']:.0f}; 1.5B worker prefill {c['worker_prefill']:.0f} decode {c['worker_decode']:.0f}; "
+          f"other calls {c['other_call_s']:.1f}s -> floor {c_floor:.1f}s/q (measured {c_spq:.1f}{first})", flush=True)
+    print(f"[tokens/q{label}] single:    1.5B prefill {s['worker_prefill']:.0f} decode {s['worker_decode']:.0f} "
+          f"-> floor {s_floor:.1f}s/q (measured {s_spq:.1f}); floor ratio {c_floor / s_floor:.2f}", flush=True)
+    return c_floor / s_floor
+
+
+def run_busy(a: argparse.Namespace, work: Path, extra: list[str], common: list[str], prefixes: Path,
+             c: dict[str, float], s: dict[str, float]) -> str:
+    """The conductor (cold, saved prefixes) and the 1.5B alone again with one core kept busy; the last line's
+    busy fields. The floor uses the idle runs' tokens (the same questions) at the rates measured under load."""
+    with busy_core():
+        rates = llama_rates(os.cpu_count() or 1)
+        print(f"[busy]   one core kept busy by another process; 1.5B rates: prefill {rates[0]:.1f} tok/s, decode "
+              f"{rates[1]:.1f} tok/s", flush=True)
+        bc_s, bc = _answer(a.questions, work / "busy-cold", "bench-busy-cold", extra, prefixes=prefixes)
+        print(f"[busy conductor] {bc['questions']} questions in {bc_s:.1f}s  accuracy={bc['accuracy']}", flush=True)
+        bs_s, bs = _answer(a.questions, work / "busy-single", "bench-busy-single", ["--conductor", "fixed:0", *common])
+        print(f"[busy single]    {bs['questions']} questions in {bs_s:.1f}s  accuracy={bs['accuracy']}", flush=True)
+    c_spq, s_spq = bc_s / max(1, bc["questions"]), bs_s / max(1, bs["questions"])
+    floor = report_floors(c, s, rates, c_spq, s_spq, label=" busy")
+    return (f" busy_conductor_s_per_question={c_spq:.1f} busy_single_s_per_question={s_spq:.1f} "
+            f"busy_ratio={c_spq / s_spq:.2f} busy_floor_ratio={floor:.2f}")
 
 
 if __name__ == "__main__":

@@ -40,11 +40,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import tempfile
 import time
-from collections import Counter, defaultdict
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -52,9 +50,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from conductor.files import atomic_write_text, save_figure  # noqa: E402
-from conductor.policy.prefill import ROUTING_PREFILL, PrefilledBackend, RoutingConstraint  # noqa: E402
-
-DOMAINS = ("math", "mcq")
+from conductor.learning.routing import (  # noqa: E402
+    DOMAINS,
+    RoutingSettings,
+    format_shares,
+    make_routing_conductor,
+    split_questions,
+    summarize,
+    train_routing,
+)
+from conductor.policy.prefill import ROUTING_PREFILL  # noqa: E402
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -90,57 +95,6 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     if a.group_size < 2:
         ap.error("--group-size must be >= 2 (GRPO needs contrast within a group)")
     return a
-
-
-def _split(n_eval: int, seed: int) -> tuple[list[Any], list[Any], list[Any]]:
-    """(train math, train mcq, held-out) — held-out math from gsm8k_test, held-out MCQ disjoint from training."""
-    from conductor.data.datasets import load_dataset
-
-    rng = random.Random(seed)
-    train_math = load_dataset("gsm8k_train", limit=400)
-    mcq = load_dataset("mmlu_stem")
-    rng.shuffle(train_math)
-    rng.shuffle(mcq)
-    n_mcq_eval = n_eval - n_eval // 2
-    eval_math = load_dataset("gsm8k_test", limit=200)
-    rng.shuffle(eval_math)
-    held = eval_math[: n_eval // 2] + mcq[:n_mcq_eval]
-    train_mcq = mcq[n_mcq_eval:n_mcq_eval + 400]
-    assert not {q.id for q in held} & {q.id for q in train_math + train_mcq}
-    return train_math, train_mcq, held
-
-
-def _shares(trajs: list[Any]) -> dict[str, dict[str, float]]:
-    """Per domain: the fraction of workflow steps given to each worker (parsed workflows, root round)."""
-    counts: dict[str, Counter] = defaultdict(Counter)
-    for t in trajs:
-        for c in t.calls:
-            if c.depth == 0:
-                counts[t.domain][c.worker] += 1
-    return {d: {w: n / sum(c.values()) for w, n in sorted(c.items())} for d, c in counts.items()}
-
-
-def _summary(trajs: list[Any]) -> dict[str, Any]:
-    scored = [t for t in trajs if not t.infra_failed and t.reward is not None]
-    n = max(1, len(scored))
-    by_dom = {}
-    for d in DOMAINS:
-        ds = [t for t in scored if t.domain == d]
-        if ds:
-            by_dom[d] = {"reward": sum(t.reward for t in ds) / len(ds), "accuracy": sum(bool(t.correct) for t in ds) / len(ds)}
-    return {
-        "reward": sum(t.reward for t in scored) / n,
-        "accuracy": sum(bool(t.correct) for t in scored) / n,
-        "parse_rate": sum(t.rounds[0].parse_status == "ok" for t in scored) / n,
-        "n": len(scored), "infra_failed": sum(t.infra_failed for t in trajs),
-        "by_domain": by_dom, "shares": _shares(scored),
-    }
-
-
-def _fmt_shares(shares: dict[str, dict[str, float]], names: list[str]) -> str:
-    short = {w: w.removeprefix("sim-")[:5] for w in names}
-    return " | ".join(f"{d}: " + " ".join(f"{short[w]}={shares.get(d, {}).get(w, 0):.2f}" for w in names)
-                      for d in DOMAINS)
 
 
 def _plot(out: Path, curve: list[dict[str, Any]], evals: dict[str, Any], names: list[str]) -> Path:
@@ -193,11 +147,7 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(a.threads)
     from conductor.execution.executor import Executor
-    from conductor.learning.grpo import GRPOConfig, PolicyTrainer
-    from conductor.learning.grpo.checkpoint import ensure_hf_checkpoint
-    from conductor.local.embedded import ensure_models
     from conductor.policy.fixed import FixedWorkflowPolicy
-    from conductor.policy.transformers_backend import TransformersBackend
     from conductor.run.pipeline import RunSpec
     from conductor.run.shards import run_shard
     from conductor.workers.pool import load_pool
@@ -205,25 +155,13 @@ def main(argv: list[str] | None = None) -> None:
     t_start = time.time()
     pool = load_pool(Path(__file__).resolve().parent.parent / "data" / "pools" / "simulated.yaml")
     names = [w.name for w in pool.workers]
-    gguf = ensure_models(which=["smollm2-135m-instruct"])["smollm2-135m-instruct"]
-    cfg = GRPOConfig.cpu(learning_rate=a.lr, lr_schedule=a.lr_schedule, min_lr_ratio=a.min_lr_ratio,
-                         total_iterations=a.iterations, temperature=a.temperature,
-                         micro_batch_size=a.micro_batch or a.group_size,
-                         seed=a.seed, max_completion_tokens=a.max_tokens + 256)
-    trainer = PolicyTrainer(str(ensure_hf_checkpoint(gguf)), cfg)
-    inner = TransformersBackend(trainer.model, trainer.tokenizer, batch_size=a.batch_size)
-    constraint = None
-    if a.constrain:
-        if not a.prefill:
-            raise SystemExit("learning bench: --constrain needs a --prefill that ends at the worker index (or pass --no-constrain)")
-        constraint = RoutingConstraint(trainer.tokenizer, len(names), trainer.tokenizer.convert_tokens_to_ids("<|im_end|>"))
-    policy = PrefilledBackend(inner, a.prefill, constraint)
-    n_prefill = len(trainer.tokenizer(a.prefill, add_special_tokens=False)["input_ids"])
-    if n_prefill + a.max_tokens > cfg.max_completion_tokens:   # the trainer would cut off the routing tokens
-        raise SystemExit(f"learning bench: prefill ({n_prefill} tokens) + --max-tokens exceeds the trainer's "
-                         f"max_completion_tokens ({cfg.max_completion_tokens})")
+    settings = RoutingSettings(
+        n_workers=len(names), iterations=a.iterations, lr=a.lr, lr_schedule=a.lr_schedule, min_lr_ratio=a.min_lr_ratio,
+        temperature=a.temperature, group_size=a.group_size, micro_batch=a.micro_batch, seed=a.seed,
+        max_tokens=a.max_tokens, prefill=a.prefill, constrain=a.constrain, batch_size=a.batch_size)
+    trainer, policy = make_routing_conductor(settings)
     executor = Executor()
-    train_math, train_mcq, held = _split(a.eval_questions, a.seed)
+    train_math, train_mcq, held = split_questions(a.eval_questions, a.seed)
     common = dict(pool=pool, fewshot=a.fewshot, temperature=a.temperature, max_tokens=a.max_tokens)
     eval_spec = RunSpec(run_id="learning-eval", kind="eval", samples=a.eval_samples, seed=a.seed + 10_000, **common)
     print(f"learning bench: iterations={a.iterations} questions/iter={a.questions_per_iteration} G={a.group_size} "
@@ -233,43 +171,26 @@ def main(argv: list[str] | None = None) -> None:
     def evaluate(tag: str) -> dict[str, Any]:
         t0 = time.time()
         rows = run_shard(held, replace(eval_spec, run_id=f"learning-eval-{tag}", checkpoint_id=tag), policy, executor)
-        s = _summary(rows)
+        s = summarize(rows)
         print(f"[eval {tag}] reward={s['reward']:.3f} accuracy={s['accuracy']:.3f} parse={s['parse_rate']:.2f} "
-              f"({time.time() - t0:.0f}s) shares {_fmt_shares(s['shares'], names)}", flush=True)
+              f"({time.time() - t0:.0f}s) shares {format_shares(s['shares'], names)}", flush=True)
         return s
 
     evals: dict[str, Any] = {"n_questions": len(held), "samples": a.eval_samples, "single": {}}
     for i, w in enumerate(names):   # each worker alone, same questions, same pipeline, same seeds
         rows = run_shard(held, replace(eval_spec, run_id=f"learning-single-{i}", checkpoint_id=f"fixed:{i}"),
                          FixedWorkflowPolicy.single_worker(i), executor)
-        evals["single"][w] = _summary(rows)
+        evals["single"][w] = summarize(rows)
         print(f"[single {w}] reward={evals['single'][w]['reward']:.3f} accuracy={evals['single'][w]['accuracy']:.3f}",
               flush=True)
     best = max(names, key=lambda w: (evals["single"][w]["reward"], evals["single"][w]["accuracy"]))
     evals["best_single"] = {"name": best, **{k: evals["single"][best][k] for k in ("reward", "accuracy")}}
     evals["untrained"] = evaluate("untrained")
 
-    curve = []
-    n_math = a.questions_per_iteration // 2
-    n_mcq = a.questions_per_iteration - n_math
-    for it in range(1, a.iterations + 1):
-        t0 = time.time()
-        qs = ([train_math[(j + (it - 1) * n_math) % len(train_math)] for j in range(n_math)] +
-              [train_mcq[(j + (it - 1) * n_mcq) % len(train_mcq)] for j in range(n_mcq)])
-        spec = RunSpec(run_id=f"learning-it{it:03d}", kind="rollout", samples=a.group_size, seed=a.seed + it, **common)
-        trajs = run_shard(qs, spec, policy, executor)
-        t_gen = sum(t.conductor_s for t in trajs)     # each row holds its share of the generation time
-        s = _summary(trajs)
-        m = trainer.step(trajs)
-        row = {"iteration": it, **{k: s[k] for k in ("reward", "accuracy", "parse_rate", "shares", "by_domain")},
-               "loss": m["loss"], "grad_norm": m["grad_norm"], "lr": m["lr"],
-               "zero_adv_groups": m["n_zero_advantage_groups"], "gen_s": round(t_gen, 1),
-               "iter_s": round(time.time() - t0, 1)}
-        curve.append(row)
-        print(f"[it {it:3d}] reward={s['reward']:.3f} acc={s['accuracy']:.3f} parse={s['parse_rate']:.2f} "
-              f"no-contrast={m['n_zero_advantage_groups']}/{len(qs)} loss={m['loss']:+.4f} |g|={m['grad_norm']:.3f} "
-              f"lr={m['lr']:.2e} {row['iter_s']:.0f}s (gen {t_gen:.0f}s) shares {_fmt_shares(s['shares'], names)}",
-              flush=True)
+    def rollout(qs: Any, run_id: str, samples: int, seed: int) -> Any:
+        return run_shard(qs, RunSpec(run_id=run_id, kind="rollout", samples=samples, seed=seed, **common), policy, executor)
+
+    curve = train_routing(trainer, rollout, train_math, train_mcq, settings, a.questions_per_iteration, names)
 
     evals["trained"] = evaluate("trained")
     out = Path(a.out)

@@ -173,6 +173,45 @@ def cpu_s(pid: int) -> float:
         return float("nan")
 
 
+def sdk_floor(n: int = 500) -> float:
+    """CPU seconds the async ``openai`` SDK spends on one chat completion by itself: the same call against a
+    canned reply through httpx's MockTransport (no server, no socket). Part of every served request's
+    latency that no server can remove; the direct run has none of it."""
+    import json
+
+    import httpx
+    import openai
+
+    body = json.dumps({"id": "chatcmpl-0", "object": "chat.completion", "created": 0, "model": "conductor@bench",
+                       "choices": [{"index": 0, "message": {"role": "assistant", "content": "<answer>42</answer> " * 8,
+                                                            "refusal": None}, "logprobs": None, "finish_reason": "stop"}],
+                       "usage": {"prompt_tokens": 40, "completion_tokens": 30, "total_tokens": 70, "cost": 0.001}}).encode()
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=body, headers={"content-type": "application/json"})
+
+    async def main() -> float:
+        c = openai.AsyncOpenAI(base_url="http://sdk-floor/v1", api_key="bench",
+                               http_client=httpx.AsyncClient(transport=httpx.MockTransport(reply)))
+        q = questions(1)[0][0]
+
+        async def ask() -> None:
+            raw = await c.chat.completions.with_raw_response.create(model="conductor",
+                                                                    messages=[{"role": "user", "content": q}])
+            raw.parse()
+
+        for _ in range(50):
+            await ask()
+        t0 = time.process_time()
+        for _ in range(n):
+            await ask()
+        spent = time.process_time() - t0
+        await c.close()
+        return spent / n
+
+    return asyncio.run(main())
+
+
 def stop(proc: subprocess.Popen[bytes]) -> int:
     proc.terminate()        # SIGTERM: uvicorn finishes in-flight requests, the lake writer flushes
     try:
@@ -271,7 +310,8 @@ def main() -> None:
     print(f"  of which inside the server (Server-Timing total - direct): p50 {pct(inside, 0.5) * 1000:.2f} ms; "
           f"the rest is HTTP on loopback and the SDK client", flush=True)
     print(f"CPU per request: server {server_cpu / len(items) * 1000:.2f} ms, SDK clients "
-          f"{client_cpu / len(items) * 1000:.2f} ms (direct executor: {direct_cpu / len(items) * 1000:.2f} ms)",
+          f"{client_cpu / len(items) * 1000:.2f} ms (direct executor: {direct_cpu / len(items) * 1000:.2f} ms); "
+          f"the SDK alone on a canned reply: {sdk_floor() * 1000:.2f} ms; load {os.getloadavg()[0]:.2f}",
           flush=True)
     lake_rows = next((ln.split()[-1] for ln in metrics.splitlines()
                       if ln.startswith("conductor_serve_lake_rows_written")), "?")

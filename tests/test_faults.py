@@ -39,8 +39,13 @@ Q_REPLAY = "Natalia sold clips to 48 of her friends in April, and then she sold 
 ONE = Workflow([Step(0, "Solve the problem.", ())])
 TWO = Workflow([Step(0, "Solve the problem.", ()), Step(1, "Check the answer and give the final one.", (0,))])
 
-register_gold(Q_MATH, "42", "math")
-register_gold(Q_MCQ, "B", "mcq")
+
+
+@pytest.fixture(autouse=True)
+def _gold() -> None:
+    """Registered per test, not at import: another module's tests may clear the registry in between."""
+    register_gold(Q_MATH, "42", "math")
+    register_gold(Q_MCQ, "B", "mcq")
 
 
 def sim(name: str = "sim", **faults) -> Worker:

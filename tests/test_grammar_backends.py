@@ -158,6 +158,37 @@ def test_llamacpp_in_process_constrained_samples_always_parse():
     assert not any(isinstance(parse_workflow(g.text, n_workers=k), Workflow) for g in unconstrained)
 
 
+@needs_llama
+def test_llamacpp_prompt_lookup_speculation_keeps_greedy_tokens():
+    """Greedy decoding with prompt-lookup drafts verified in batches writes the tokens of token-by-token
+    decoding, and most of a workflow copied from the examples is drafted. A batched evaluation's logits differ
+    from single-token ones by floating-point noise (here < 0.3 in log-prob), so the log-probs are compared
+    with that tolerance; sampled decoding is never speculated."""
+    import numpy as np
+
+    from conductor.policy.llamacpp_backend import LlamaCppBackend
+
+    prompt, k = _prompt()
+    params = GenerationParams(temperature=0.0, max_tokens=96, grammar=workflow_grammar(k, 3, plan_chars=0),
+                              logprobs=True)
+    plain = LlamaCppBackend(_smol(), n_ctx=4096, n_threads=1)
+    try:
+        ((want,),) = plain.generate([prompt], 1, params)
+    finally:
+        plain.close()
+    fast = LlamaCppBackend(_smol(), n_ctx=4096, n_threads=1, speculate=8)
+    try:
+        ((got,),) = fast.generate([prompt], 1, params)
+        assert (got.token_ids, got.text, got.finish_reason) == (want.token_ids, want.text, want.finish_reason)
+        np.testing.assert_allclose(got.logprobs, want.logprobs, atol=0.3)
+        assert 0 < fast.accepted <= fast.drafted and fast.accepted >= len(got.token_ids) // 3
+        drafted = fast.drafted
+        fast.generate([prompt], 1, GenerationParams(temperature=1.0, max_tokens=8, seed=1))
+        assert fast.drafted == drafted
+    finally:
+        fast.close()
+
+
 # ------------------------------------------------------------------ transformers
 
 

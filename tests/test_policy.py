@@ -235,3 +235,15 @@ def test_embedded_default_conductor_writes_a_parseable_workflow():
     # Whether the untrained 1.5B writes a parseable workflow is model quality, not backend behaviour
     # (it did not in one greedy try on 2026-11-22); the parse must still return a value, never raise.
     assert isinstance(parse_workflow(g.text, n_workers=len(pool.workers)), (Workflow, ParseError))
+
+
+def test_the_embedded_conductors_draft_length_comes_from_the_environment(monkeypatch):
+    from conductor.run.runtime import EMBEDDED_SPECULATE, SPECULATE_ENV, embedded_speculate
+
+    monkeypatch.delenv(SPECULATE_ENV, raising=False)
+    assert embedded_speculate() == EMBEDDED_SPECULATE > 0
+    monkeypatch.setenv(SPECULATE_ENV, "0")
+    assert embedded_speculate() == 0
+    monkeypatch.setenv(SPECULATE_ENV, "-3")
+    with pytest.raises(ValueError, match=SPECULATE_ENV):
+        embedded_speculate()

@@ -188,3 +188,72 @@ def test_the_routing_prefill_writes_only_a_worker_index_and_keeps_the_prefix_in_
         assert g.token_ids[:len(prefix_ids)] == prefix_ids
         wf = parse_workflow(g.text, n_workers=3)
         assert isinstance(wf, Workflow) and len(wf) == 1 and wf.steps[0].worker in (0, 1, 2), g.text
+
+
+def test_pieces_execute_two_at_a_time_on_one_shared_loop_and_shards_commit_in_order(tmp_path):
+    """A one-question-at-a-time conductor: question k+1's workflow starts executing while question k's still
+    runs (so one worker's server is not idle while another reads), both on the run's one shared event loop
+    (one executor, one set of limits), and the shards still commit whole and in order."""
+    import threading
+    from dataclasses import replace
+
+    from conductor.execution.loop import current_loop
+    from conductor.run.shards import PLAIN
+
+    second_started, overlapped, loops = threading.Event(), [], []
+
+    def execute(trajs, spec, executor, policy, on_done):
+        loops.append(current_loop())
+        if trajs[0].question_id == "p0":           # hold the first question until the second is executing
+            overlapped.append(second_started.wait(20))
+        elif trajs[0].question_id == "p1":
+            second_started.set()
+        return pipeline.execute(trajs, spec, executor, policy, on_done)
+
+    qs, commits = _questions("p", 4), []
+    loop = ShardLoop(_spec("pipelined"), Scripted(generation_batch=1), Executor(), lake=str(tmp_path / "lake"),
+                     stages=replace(PLAIN, execute=execute), on_commit=lambda sid, rows: commits.append(sid))
+    assert loop.run([("s1", qs[:2]), ("s2", qs[2:])]) == 4
+    assert overlapped == [True]
+    assert len(loops) == 4 and loops[0] is not None and all(x is loops[0] for x in loops)
+    assert commits == ["s1", "s2"] and current_loop() is None
+    assert not any(scan(str(tmp_path / "lake")).collect()["infra_failed"])
+
+
+def test_ctrl_c_stops_a_pipelined_run_at_once_and_sigterm_too(tmp_path):
+    """Two questions execute at once on the run's shared loop; an interrupt must cancel them, not wait for their
+    worker calls (here 300 s each) to finish, and say so in one line."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    manifest = yaml.safe_load(Path(SIM_POOL).read_text())
+    manifest["pool_id"] = "simulated-slow"
+    for w in manifest["workers"]:
+        w["faults"] = {"latency_s": 300}
+        w["limits"]["timeout_s"] = 600
+    pool = tmp_path / "slow.yaml"
+    pool.write_text(yaml.safe_dump(manifest))
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "CONDUCTOR_HOME": str(tmp_path / "home")}
+    for sig, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+        out = tmp_path / f"out-{code}"
+        p = subprocess.Popen([sys.executable, "-m", "conductor.cli", "answer", "gsm8k_test:4", "--pool", str(pool),
+                              "--conductor", "fixed:0", "--shard-size", "1", "--out", str(out)],
+                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 120
+            while not (out / "cache.sqlite").exists() and time.monotonic() < deadline and p.poll() is None:
+                time.sleep(0.5)
+            time.sleep(5)                          # the first workflows are now waiting on their worker calls
+            assert p.poll() is None
+            t0 = time.monotonic()
+            p.send_signal(sig)
+            _, err = p.communicate(timeout=60)
+        finally:
+            p.kill()
+        assert p.returncode == code and time.monotonic() - t0 < 30, err[-2000:]
+        assert "Traceback" not in err and [ln for ln in err.splitlines() if ln.startswith("error:")]

@@ -32,9 +32,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from dataclasses import replace as dc_replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from conductor.execution.cache import ResponseCache, cache_key, messages_hash
 from conductor.execution.ratelimit import RateLimiter
@@ -42,7 +43,15 @@ from conductor.execution.retry import RetryPolicy, call_with_retries, with_timeo
 from conductor.trajectory import CallRecord
 from conductor.workers.cost import call_cost
 from conductor.workers.faults import plan_faults
-from conductor.workers.providers.base import Completion, Message, Provider, ProviderError, make_provider
+from conductor.workers.providers.base import (
+    Completion,
+    Message,
+    Provider,
+    ProviderError,
+    TextSink,
+    make_provider,
+    stream_completion,
+)
 from conductor.workers.providers.shared import estimate_tokens
 from conductor.workers.secrets import redact, redacting_logger
 from conductor.workflow import ALL, Workflow
@@ -51,6 +60,23 @@ if TYPE_CHECKING:
     from conductor.workers.pool import SubPool, Worker
 
 log = redacting_logger("conductor.execution.executor")
+
+
+class AnswerSinks(Protocol):
+    """Who waits for a workflow's answer as it is produced (``conductor serve`` with ``stream: true``)."""
+
+    def sink_for(self, sample_index: int, depth: int) -> TextSink | None:
+        """The sink for the last step of the round at ``depth`` of sample ``sample_index``, or None when that
+        round's answer may still be replaced (a later recursion round) and must not be streamed."""
+        ...
+
+
+#: Set around a request's workflows (a context variable, so it reaches the executor through ``execute_batch``
+#: and only the tasks of that request): the last step's reply is then streamed to its sink, unless the worker
+#: has seeded faults (they rewrite the whole reply after it arrives). Records are the same either way.
+ANSWER_STREAM: ContextVar[AnswerSinks | None] = ContextVar("conductor_answer_stream", default=None)
+# the sink of the step being called (a context variable, so executors that override ``call`` need not know it)
+_STEP_SINK: ContextVar[TextSink | None] = ContextVar("conductor_step_sink", default=None)
 
 
 @dataclass(frozen=True)
@@ -276,6 +302,7 @@ class Executor:
     async def _call_provider(self, worker: Worker, messages: list[Message], sample_index: int,
                              state: QuestionState, who: str) -> tuple[Completion, int]:
         provider = self.provider(worker)
+        sink = _STEP_SINK.get()     # set by run_workflow for the step whose reply is the streamed answer
         limiter = self.limiter
         s = worker.sampling
         tokens = (sum(estimate_tokens(m.content) for m in messages) + s.max_tokens
@@ -289,9 +316,12 @@ class Executor:
                 raise ProviderError("budget", f"{who}: question budget of {state.budget.max_seconds:g} s used up")
             budget = timeout if left is None else min(timeout, left)
             async with limiter.slot(worker, tokens, budget) as permit:   # Retry-After pauses count against it
+                if sink is not None:
+                    sink.start()               # a retry's reply starts over
+                reply = (provider.complete(messages, sample_index=sample_index) if sink is None
+                         else stream_completion(provider, messages, sink, sample_index=sample_index))
                 try:
-                    c = await with_timeout(provider.complete(messages, sample_index=sample_index),
-                                           budget - permit.paused_s, who)
+                    c = await with_timeout(reply, budget - permit.paused_s, who)
                 except ProviderError as e:
                     permit.settle(0)
                     if e.kind == "rate_limited":
@@ -338,6 +368,7 @@ class Executor:
         failure: list[ProviderError] = []
         stopped: dict[int, str] = {}      # steps left out under the dollar budget -> why
         prev = list(previous_round) if previous_round else None
+        answer = ANSWER_STREAM.get()       # the last step's reply is the round's answer: streamed if asked
 
         async def run_step(i: int) -> None:
             try:
@@ -356,6 +387,9 @@ class Executor:
                     stopped[i] = rec.error
                     return
                 msgs = worker_messages(question, workflow, i, {j: responses[j] for j in deps[i]}, prev)
+                sink = (answer.sink_for(sample_index, depth)
+                        if answer is not None and i == n - 1 and worker.faults is None else None)
+                streaming = _STEP_SINK.set(sink)
                 try:
                     c = await self.call(worker, msgs, rec, sample_index=sample_index, state=state)
                 except BudgetStop as e:
@@ -364,6 +398,8 @@ class Executor:
                 except ProviderError as e:
                     failure.append(e)
                     return
+                finally:
+                    _STEP_SINK.reset(streaming)
                 responses[i] = c.text
             finally:
                 done[i].set()

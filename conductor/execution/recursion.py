@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Literal, TypedDict, Unpack
 
 from conductor.execution.executor import Budget, Executor, QuestionState, RoundResult
+from conductor.execution.loop import current_loop
 from conductor.trajectory import CallRecord, Round
 from conductor.workers.secrets import redact
 from conductor.workflow import DEFAULT_MAX_STEPS, Workflow, WorkflowError
@@ -246,11 +247,17 @@ async def execute_batch(trajs: Sequence[Trajectory], subpools: SubPools, executo
 def run_batch(trajs: Sequence[Trajectory], subpools: SubPools, executor: Executor, *, max_in_flight: int = 1024,
               progress: bool = False, on_done: Callable[[Trajectory], None] | None = None,
               **kw: Unpack[TrajectoryOptions]) -> list[Trajectory]:
-    """Synchronous wrapper: one event loop for the whole batch, SDK clients closed at the end."""
+    """Synchronous wrapper: one event loop for the whole batch, SDK clients closed at the end; or, inside a
+    pipelined run (conductor/execution/loop.py), the run's shared loop, whose end closes the clients."""
+    batch = execute_batch(trajs, subpools, executor, max_in_flight=max_in_flight, progress=progress,
+                          on_done=on_done, **kw)
+    shared = current_loop()
+    if shared is not None:
+        return shared.run(batch)
+
     async def main() -> list[Trajectory]:
         try:
-            return await execute_batch(trajs, subpools, executor, max_in_flight=max_in_flight, progress=progress,
-                                       on_done=on_done, **kw)
+            return await batch
         finally:
             await executor.aclose()
     return asyncio.run(main())

@@ -15,12 +15,24 @@ sampler (``llama_sampler_init_grammar`` on the text ``llama_cpp.LlamaGrammar``
 holds) masks the candidates our loop samples from and accepts each chosen token.
 The recorded log-probs stay those of the unconstrained distribution, as on the
 other backends (the trainer scores sampled tokens under the unconstrained model).
+
+Prompt-lookup speculation (greedy decoding only, ``speculate`` > 0): a conductor copies much of what it
+writes from its prompt (the examples' subtasks, the list syntax), so the tokens that followed the longest
+recent n-gram match (:func:`lookup_draft`) are proposed and verified in ONE batched evaluation, whose rows give
+the logits after each of them. The longest prefix of the proposal that greedy decoding (under the grammar)
+would have chosen is accepted, the rest of the KV cache dropped. Each accepted token is the argmax of the
+logits at its position; a batched evaluation's logits differ from a single-token one's by floating-point
+noise (up to ~0.2 in log-prob measured here), so a close call (best two tokens within ``NEAR_TIE``) is
+re-decided on a single-token evaluation. On one thread a batch of 17 tokens costs about 6 single steps, so
+every accepted draft token saves most of a decode step. Sampled decoding (temperature > 0) is never
+speculated.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,18 +47,24 @@ class LlamaCppBackend:
     name = "llamacpp"
 
     def __init__(self, model_path: str | Path, *, n_ctx: int = 8192, n_threads: int | None = None, n_batch: int = 512,
-                 system_prompt: str | None = None, prefix_cache: PrefixCache | None = None):
+                 system_prompt: str | None = None, prefix_cache: PrefixCache | None = None, speculate: int = 0):
         from llama_cpp import Llama
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         self.model_path = Path(model_path)
         if not self.model_path.is_file():
             raise FileNotFoundError(f"llama.cpp backend: {self.model_path} does not exist")
-        self.llm = Llama(model_path=str(self.model_path), n_ctx=n_ctx, n_batch=n_batch,
-                         n_threads=n_threads or default_threads(), logits_all=False, verbose=False)
+        threads = n_threads or default_threads()
+        # n_threads_batch too: llama-cpp-python's default is every core, so prompt reading and verifying drafts
+        # would spin a second thread against the worker server running beside it (7.5x slower when busy)
+        self.llm = Llama(model_path=str(self.model_path), n_ctx=n_ctx, n_batch=n_batch, n_threads=threads,
+                         n_threads_batch=threads, logits_all=False, verbose=False)
         self.system_prompt = system_prompt
         self.prefix_cache = prefix_cache
         self.prefill_tokens = 0           # prompt tokens actually evaluated (after reused prefixes)
+        self.speculate = speculate        # draft tokens proposed per greedy step (0: none)
+        self.drafted = self.accepted = 0  # draft tokens proposed / accepted so far (bench/answer_flow.py)
+        self.rechecked = 0                # close calls re-decided token by token (``NEAR_TIE``)
         model = self.llm._model
         bos, eos = self.llm.token_bos(), self.llm.token_eos()
         template = self.llm.metadata.get("tokenizer.chat_template")
@@ -157,32 +175,42 @@ class LlamaCppBackend:
         if grammar is not None:
             grammar.reset()
         llm.n_tokens = len(prompt_ids)           # drop the previous sample; eval() clears the KV cache past here
-        logits = first_logits
         budget = min(params.max_tokens, llm.n_ctx() - len(prompt_ids))
         tokens: list[int] = []
         logprobs: list[float] = []
         finish = "length"
-        text = ""
-        for _ in range(budget):
+        pending = [first_logits]                 # logits to choose the next tokens from, in order
+        draft: list[int] = []                    # what the pending rows past the first were evaluated with
+        batched = False                          # whether ``pending`` came from a batched verification
+        speculate = self.speculate if params.temperature <= 0 else 0
+        while len(tokens) < budget:
+            logits = pending.pop(0)
             scaled = logits / params.temperature if params.temperature > 0 else logits
             logp = scaled - np.logaddexp.reduce(scaled)
+            if batched and _near_tie(logp):      # a close call: decide it on the token-by-token path's logits
+                llm.n_tokens -= len(draft) + 1
+                draft, pending, batched = [], [], False
+                self.rechecked += 1
+                logits = self._eval_rows([tokens[-1]])[0]
+                logp = logits - np.logaddexp.reduce(logits)
             token = int(np.argmax(logp)) if params.temperature <= 0 else _sample_top_p(logp, params.top_p, rng)
             if grammar is not None:
                 token = grammar.constrain(token, logp, params, rng)
             tokens.append(token)
             logprobs.append(float(logp[token]))
-            if self._is_end(token):
+            if self._is_end(token) or self._stopped(tokens, params.stop):
                 finish = "stop"
                 break
-            if params.stop:
-                text = llm.detokenize(tokens).decode("utf-8", errors="ignore")
-                if any(s in text for s in params.stop):
-                    finish = "stop"
-                    break
             if grammar is not None:
                 grammar.accept(token)
-            llm.eval([token])
-            logits = self._last_logits()
+            if draft and draft[0] == token:      # the draft's next token is what decoding chose: its row is ready
+                draft.pop(0)
+                self.accepted += 1
+                continue
+            llm.n_tokens -= len(draft)           # a refused (or spent) draft: forget the KV entries past `token`
+            draft = self._draft(prompt_ids, tokens, speculate, budget)
+            pending = self._eval_rows([token, *draft])
+            batched = len(pending) > 1
         text = llm.detokenize([t for t in tokens if not self._is_end(t)]).decode("utf-8", errors="ignore")
         for s in params.stop:
             cut = text.find(s)
@@ -192,6 +220,40 @@ class LlamaCppBackend:
             raise ValueError(f"llama.cpp backend ({self.model_path.name}): non-finite log-prob in a sampled completion")
         return Generation(text=text, token_ids=tokens, logprobs=logprobs if params.logprobs else None,
                           finish_reason=finish, prompt_token_ids=list(prompt_ids))
+
+    def _stopped(self, tokens: list[int], stop: Sequence[str]) -> bool:
+        if not stop:
+            return False
+        text = self.llm.detokenize(tokens).decode("utf-8", errors="ignore")
+        return any(s in text for s in stop)
+
+    def _draft(self, prompt_ids: list[int], tokens: list[int], speculate: int, budget: int) -> list[int]:
+        """Up to ``speculate`` tokens proposed by prompt lookup, never past the token budget."""
+        room = min(speculate, budget - len(tokens) - 1)
+        if room <= 0:
+            return []
+        draft = lookup_draft([*prompt_ids, *tokens], room)
+        self.drafted += len(draft)
+        return draft
+
+    def _eval_rows(self, batch: list[int]) -> list[Any]:
+        """Evaluate ``batch`` after the cached context; the logits after each of its tokens, in order (one row,
+        and llama.cpp's single-token path, when there is no draft)."""
+        import llama_cpp
+        import numpy as np
+
+        llm = self.llm
+        if len(batch) == 1:
+            llm.eval(batch)
+            return [self._last_logits()]
+        llm._ctx.kv_cache_seq_rm(-1, llm.n_tokens, -1)
+        n_past = llm.n_tokens
+        llm._batch.set_batch(batch=batch, n_past=n_past, logits_all=True)
+        llm._ctx.decode(llm._batch)
+        llm.input_ids[n_past: n_past + len(batch)] = batch
+        llm.n_tokens += len(batch)
+        rows = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(len(batch), self._n_vocab))
+        return list(rows.astype(np.float64))
 
     def close(self) -> None:
         llm = self.__dict__.pop("llm", None)      # a second close() finds nothing to close
@@ -281,6 +343,52 @@ def default_threads() -> int:
     """All cores but one: llama.cpp's OpenMP threads spin, and on a busy 2-core machine two threads
     measured 7.5x slower than one (docs/backends.md)."""
     return max(1, (os.cpu_count() or 1) - 1)
+
+
+NEAR_TIE = 0.5   # log-prob margin under which a batched row's greedy choice is re-decided token by token
+
+
+def _near_tie(logp: Any) -> bool:
+    """Whether the best two tokens are within ``NEAR_TIE`` of each other (a batched evaluation's logits differ
+    from token-by-token ones by up to ~0.2 here, enough to flip such a choice).
+
+    >>> import numpy as np
+    >>> _near_tie(np.log(np.array([0.5, 0.45, 0.05]))), _near_tie(np.log(np.array([0.9, 0.05, 0.05])))
+    (True, False)
+    """
+    import numpy as np
+
+    top2 = np.partition(logp, -2)[-2:]
+    return bool(top2[1] - top2[0] < NEAR_TIE)
+
+
+def lookup_draft(context: list[int], n: int, max_ngram: int = 8, min_ngram: int = 2) -> list[int]:
+    """The ``n`` tokens that followed the most recent earlier occurrence of the longest suffix n-gram of
+    ``context`` (``max_ngram`` down to ``min_ngram`` tokens), or none.
+
+    WHY not llama_cpp.llama_speculative.LlamaPromptLookupDecoding: it takes the first occurrence of at most a
+    2-gram, which in a prompt of four examples proposes the first example's continuation, not the one being
+    copied; the longest and latest match is the one a copying model follows.
+
+    >>> lookup_draft([1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3], 2)      # longest suffix [1, 2, 3], latest earlier match
+    [7, 5]
+    >>> lookup_draft([1, 2, 3, 4], 3)                                # no earlier occurrence of any suffix
+    []
+    >>> lookup_draft([5, 6, 5, 6], 4)                                # the continuation stops at the context's end
+    [5, 6]
+    >>> lookup_draft([4, 4], 3, min_ngram=1)
+    [4]
+    """
+    import numpy as np
+
+    ids = np.asarray(context, dtype=np.int64)
+    for size in range(min(max_ngram, len(ids) - 1), min_ngram - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(ids[:-1], size)
+        hits = np.flatnonzero((windows == ids[-size:]).all(axis=1))
+        if len(hits):
+            start = int(hits[-1]) + size
+            return [int(t) for t in ids[start: start + n]]
+    return []
 
 
 def _sample_top_p(logp: Any, top_p: float, rng: Any) -> int:

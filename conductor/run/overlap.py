@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextvars
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
@@ -48,13 +48,26 @@ def one_ahead(items: Iterator[T]) -> Iterator[T]:
     try:
         pending = pool.submit(advance)
         while True:
-            item = pending.result()
+            item = interruptible(pending)
             if item is _END:
                 return
             pending = pool.submit(advance)
             yield cast(T, item)    # not _END, so one of ``items``
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def interruptible(done: Future[T]) -> T:
+    """``done.result()``, waking every half second: a signal the OS hands to another thread (Ctrl-C, SIGTERM)
+    runs its Python handler only when the main thread next executes, which a plain ``result()`` never lets it.
+
+    >>> pool = ThreadPoolExecutor(1)
+    >>> interruptible(pool.submit(sum, [1, 2]))
+    3
+    """
+    while not done.done():
+        wait([done], timeout=0.5)
+    return done.result()
 
 
 class Serialized:

@@ -18,6 +18,12 @@ content retries them; after ``MAX_CONDUCTOR_FAILURES`` such shards in a row, or 
 shards are left for the rerun instead of waiting on a dead endpoint. A run resumed by shard would keep such
 rows for good, so it passes ``record_failures=False`` and the error propagates instead.
 
+Pipelining. The conductor writes one piece ahead (a question for a one-prompt-at-a-time conductor, a shard
+for a batching one: conductor/run/overlap.py) and ``PIPELINE_DEPTH`` pieces execute at once, on one event loop
+shared by the run (conductor/execution/loop.py), so the executor's per-worker limits, cache and clients hold
+across them. On a small machine a workflow chains models (reason on the 1.5B, run the program, report on the
+0.5B); executed one question at a time, the 1.5B would wait out every report.
+
 Batch mode (``BatchMode``): a provider batch takes minutes to hours whatever its size, so the ready steps
 of *all* pending shards must share each batch; the conductor writes every shard's workflows first, the
 workflows execute together wave by wave, then each shard is graded and committed as in the ordinary mode.
@@ -30,13 +36,18 @@ builds its own runtime on its worker and runs this same loop over its one shard.
 
 from __future__ import annotations
 
+import contextvars
 import logging
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
+from conductor.execution.loop import shared_loop
 from conductor.run import pipeline
-from conductor.run.overlap import Serialized, generation_batch, one_ahead
+from conductor.run.overlap import Serialized, generation_batch, interruptible, one_ahead
 
 if TYPE_CHECKING:
     from conductor.data.questions import Question
@@ -50,6 +61,9 @@ if TYPE_CHECKING:
     from conductor.workers.pool import Pool
 
 MAX_CONDUCTOR_FAILURES = 2   # consecutive shards whose conductor endpoint failed before the run stops trying
+# Pieces (a question, or a shard for a batching conductor) executing at once: question k's report step runs
+# while question k+1's first step already has its worker (docs/benchmarks.md, "Bulk answering throughput").
+PIPELINE_DEPTH = 2
 
 Shards = Sequence[tuple[str, Sequence["Question"]]]
 OnDone = Callable[["Trajectory"], None]
@@ -200,14 +214,36 @@ class ShardLoop:
         return self.written - start
 
     def _overlapped(self, todo: Shards) -> None:
+        """Generate one piece ahead and execute ``PIPELINE_DEPTH`` pieces at once, on one shared event loop (so
+        one executor's limits hold across them); shards commit in order, each when its last piece is done."""
         policy = Serialized(self.policy)    # the executing stage may call it too (recursion rounds)
         executed: dict[str, list[Trajectory]] = {}
-        for sid, sq, trajs, failed, last in one_ahead(self._generated(todo, policy, generation_batch(policy))):
-            if not failed:
-                trajs = self.stages.execute(trajs, self.spec, self.executor, policy, self.on_done)
-            executed.setdefault(sid, []).extend(trajs)
+        running: deque[tuple[str, Sequence[Question], Future[list[Trajectory]], bool]] = deque()
+
+        def finish_oldest() -> None:
+            sid, sq, done, last = running.popleft()
+            rows: list[Trajectory] = interruptible(done)
+            executed.setdefault(sid, []).extend(rows)
             if last:
                 self._commit(sid, sq, executed.pop(sid))
+
+        with shared_loop(self.executor.aclose) as loop, ThreadPoolExecutor(PIPELINE_DEPTH, "execute") as threads:
+            try:
+                for sid, sq, trajs, failed, last in one_ahead(self._generated(todo, policy, generation_batch(policy))):
+                    if len(running) >= PIPELINE_DEPTH:
+                        finish_oldest()
+                    stage = (lambda t=trajs: t) if failed else partial(
+                        self.stages.execute, trajs, self.spec, self.executor, policy, self.on_done)
+                    running.append((sid, sq, threads.submit(contextvars.copy_context().run, stage), last))
+            except Exception:   # a conductor error raised while earlier pieces execute still lets their shards commit
+                while running:
+                    finish_oldest()
+                raise
+            except BaseException:   # Ctrl-C or SIGTERM: stop the executions now; nothing more commits
+                loop.cancel()
+                raise
+            while running:
+                finish_oldest()
 
     def _batched(self, todo: Shards, mode: BatchMode) -> None:
         planned: dict[str, tuple[Sequence[Question], list[Trajectory]]] = {}

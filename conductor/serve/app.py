@@ -27,6 +27,7 @@ from conductor.serve.engine import Model, ServeEngine
 from conductor.serve.errors import APIError, internal, invalid
 from conductor.serve.metrics import CONTENT_TYPE, Metrics
 from conductor.serve.requests import TRACE_HEADER, ServeRequest, parse_chat, parse_responses
+from conductor.serve.stream import AnswerStream
 from conductor.workers.secrets import redact
 
 if TYPE_CHECKING:
@@ -83,13 +84,14 @@ class Server:
 
     # ------------------------------------------------------------------ plumbing
     def error(self, e: APIError, endpoint: str, t0: float) -> Response:
-        self.metrics.errors.labels(e.type, e.code).inc()
+        self.metrics.child(self.metrics.errors, e.type, e.code).inc()
         self._count(endpoint, e.status, t0)
         return _json(e.body(), e.status, e.headers())
 
     def _count(self, endpoint: str, status: int, t0: float) -> None:
-        self.metrics.requests.labels(endpoint, str(status)).inc()
-        self.metrics.latency.labels(endpoint).observe(time.perf_counter() - t0)
+        m = self.metrics
+        m.child(m.requests, endpoint, str(status)).inc()
+        m.child(m.latency, endpoint).observe(time.perf_counter() - t0)
 
     async def body(self, request: Request) -> Any:
         declared = request.headers.get("content-length")
@@ -167,19 +169,18 @@ class Server:
         model_name = model.model_id
         status = 200
         self.metrics.in_flight.inc()
-        task = asyncio.create_task(self.engine.run(req, model, spec))
+        answer = AnswerStream(req.n, self.engine.answer_depth(spec, model), req.stop, req.max_tokens)
+        task = asyncio.create_task(self.engine.run(req, model, spec, answer=answer))
         try:
             first = render.chunk(cid, model_name, created, [{"index": i, "delta": {"role": "assistant", "content": ""},
                                                               "logprobs": None, "finish_reason": None}
                                                              for i in range(req.n)])
             yield b"data: " + orjson.dumps(first) + b"\n\n"
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=KEEPALIVE_S)
-                if done:
-                    break
-                yield b": working\n\n"
+            async for piece in self._live(task, answer, cid, model_name, created):
+                yield piece
             try:
                 out = task.result()
+                tail = render.stream_tail(out, req, req.controls.trace, cid, created, answer)
             except APIError as e:
                 status = e.status
                 self.metrics.errors.labels(e.type, e.code).inc()
@@ -194,7 +195,7 @@ class Server:
                 yield b"data: " + orjson.dumps(err.body()) + b"\n\n"
                 yield b"data: [DONE]\n\n"
                 return
-            for c in render.stream_tail(out, req, req.controls.trace, cid, created):
+            for c in tail:
                 yield b"data: " + orjson.dumps(c) + b"\n\n"
             yield b"data: [DONE]\n\n"
         finally:
@@ -206,6 +207,27 @@ class Server:
             self.metrics.in_flight.dec()
             self._count("chat", status, t0)
             await release()
+
+    @staticmethod
+    async def _live(task: asyncio.Task[Any], answer: AnswerStream, cid: str, model_name: str,
+                    created: int) -> AsyncIterator[bytes]:
+        """While the workflow runs: the answer's text as the last step produces it (``AnswerStream``), and an
+        SSE comment every ``KEEPALIVE_S`` of silence."""
+        while not task.done():
+            wake = asyncio.ensure_future(answer.changed.wait())
+            done, _ = await asyncio.wait({task, wake}, timeout=KEEPALIVE_S, return_when=asyncio.FIRST_COMPLETED)
+            if not wake.done():
+                wake.cancel()
+            if not done:
+                yield b": working\n\n"
+                continue
+            for i, text in answer.pending():
+                c = render.chunk(cid, model_name, created, [{"index": i, "delta": {"content": text},
+                                                             "logprobs": None, "finish_reason": None}])
+                yield b"data: " + orjson.dumps(c) + b"\n\n"
+            pause = answer.pause_s()
+            if pause:
+                await asyncio.wait({task}, timeout=pause)
 
     async def models(self, request: Request) -> Response:
         t0 = time.perf_counter()

@@ -28,7 +28,7 @@ from conductor.serve.errors import APIError, bad_controls, unknown_model, upstre
 from conductor.workers.secrets import redact
 
 if TYPE_CHECKING:
-    from conductor.execution.executor import Executor
+    from conductor.execution.executor import AnswerSinks, Executor
     from conductor.learning.registry import CheckpointEntry
     from conductor.policy.base import PolicyBackend
     from conductor.policy.spec import ConductorSpec
@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("conductor.serve")
 MODEL = "conductor"
 PINNED_MAX = 2            # conductor@<checkpoint> models kept loaded besides the champion and the default
+SPEC_CACHE_MAX = 256      # request shapes (controls) whose base RunSpec a model keeps
+
 
 
 @dataclass
@@ -57,6 +59,7 @@ class Model:
     in_flight: int = 0
     retired: bool = False
     checked: dict[tuple[tuple[str, ...], int], str] = field(default_factory=dict)   # strategy check per (workers, steps)
+    specs: dict[Hashable, RunSpec] = field(default_factory=dict, repr=False)   # spec_for's per-request-shape part
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -390,14 +393,33 @@ class ServeEngine:
         return f"{self.instance}-{next(self._ids)}"
 
     def spec_for(self, req: ServeRequest, model: Model) -> RunSpec:
-        """The request as a one-question run over the pool its controls leave."""
+        """The request as a one-question run over the pool its controls leave.
+
+        WHY two parts: what depends only on the model and the controls (the sub-pool, the strategy check, the
+        few-shot text, the grammar switch) is worked out once per shape and kept on the model; each request
+        only fills in its own sampling, budget and date."""
+        c = req.controls
+        max_steps = min(self.config.max_steps, c.max_steps or self.config.max_steps)
+        key = (None if c.workers is None else tuple(c.workers), tuple(c.exclude_workers), max_steps)
+        base = model.specs.get(key)
+        if base is None:
+            base = self._base_spec(model, c.workers, c.exclude_workers, max_steps)
+            if len(model.specs) >= SPEC_CACHE_MAX:
+                model.specs.clear()
+            model.specs[key] = base
+        caps = [cap for cap in (self.config.max_cost, c.max_cost) if cap is not None]
+        date = time.strftime("%Y-%m-%d", time.gmtime())
+        return replace(base, run_id=self.config.run_id or f"served-{date}", samples=req.n, seed=req.seed or 0,
+                       temperature=self.config.temperature if req.temperature is None else float(req.temperature),
+                       max_dollars_per_question=min(caps) if caps else None, date=date)
+
+    def _base_spec(self, model: Model, workers: list[str] | None, exclude: list[str], max_steps: int) -> RunSpec:
         from conductor.policy.strategies import StrategyError, check_strategy
         from conductor.prompts import resolve_fewshot
         from conductor.run.pipeline import RunSpec
 
         cfg = self.config
-        pool = restrict_pool(model.pool, req.controls.workers, req.controls.exclude_workers)
-        max_steps = min(cfg.max_steps, req.controls.max_steps or cfg.max_steps)
+        pool = restrict_pool(model.pool, workers, exclude)
         if model.strategy:
             key = (tuple(w.name for w in pool.workers), max_steps)
             problem = model.checked.get(key)
@@ -411,25 +433,28 @@ class ServeEngine:
             if problem:
                 raise bad_controls(f"{model.model_id}: {problem} (the controls leave {len(pool.workers)} workers "
                                    f"and {max_steps} steps)", "conductor")
-        caps = [c for c in (cfg.max_cost, req.controls.max_cost) if c is not None]
-        date = time.strftime("%Y-%m-%d", time.gmtime())
-        return RunSpec(run_id=self.config.run_id or f"served-{date}", kind="served", pool=pool,
-                       checkpoint_id=model.checkpoint_id, samples=req.n, seed=req.seed or 0,
+        return RunSpec(run_id="", kind="served", pool=pool, checkpoint_id=model.checkpoint_id,
                        recursion_depth=cfg.recursion_depth, max_steps=max_steps,
                        fewshot=resolve_fewshot(cfg.fewshot, model.checkpoint_id),
                        constrained=(is_embedded_checkpoint(model.checkpoint_id) if cfg.constrained is None
                                     else cfg.constrained),
-                       temperature=cfg.temperature if req.temperature is None else float(req.temperature),
-                       max_tokens=cfg.conductor_max_tokens, max_dollars_per_question=min(caps) if caps else None,
-                       date=date)
+                       max_tokens=cfg.conductor_max_tokens)
 
-    async def run(self, req: ServeRequest, model: Model | None = None, spec: RunSpec | None = None) -> Outcome:
+    @staticmethod
+    def answer_depth(spec: RunSpec, model: Model) -> int:
+        """The recursion round whose last step is surely the answer: 0 without recursion (strategies run
+        none), else the last round (an earlier one may be replaced by the next)."""
+        return 0 if model.strategy else spec.recursion_depth
+
+    async def run(self, req: ServeRequest, model: Model | None = None, spec: RunSpec | None = None,
+                  answer: AnswerSinks | None = None) -> Outcome:
         """Plan, generate and execute the request's workflows; raise APIError for what the client must see.
 
         A ``model`` passed in must already be held (``Model.acquire``) by the caller, who releases it: a
-        champion swapped out between resolving and running is then still open."""
+        champion swapped out between resolving and running is then still open. ``answer``: where the
+        executor streams the answer as it is produced (``stream: true``; conductor/serve/stream.py)."""
         from conductor.data.questions import Question
-        from conductor.execution.executor import Budget
+        from conductor.execution.executor import ANSWER_STREAM, Budget
         from conductor.execution.recursion import conductor_fn_from_backend, execute_batch
         from conductor.run.pipeline import plan
 
@@ -454,9 +479,14 @@ class ServeEngine:
                 budget = Budget(max_dollars=None if cap is None else cap / max(1, len(trajs)))
                 if self.executor is None:
                     raise RuntimeError("ServeEngine: start() has not run")
-                await execute_batch(trajs, lambda t: spec.subpool_for(t.question_id), self.executor,
-                                    conductor=conductor, max_depth=spec.recursion_depth, max_steps=spec.max_steps,
-                                    budget=budget, call_factor=spec.recursion_call_factor)
+                streaming = ANSWER_STREAM.set(answer)
+                try:
+                    await execute_batch(trajs, lambda t: spec.subpool_for(t.question_id), self.executor,
+                                        conductor=conductor, max_depth=spec.recursion_depth,
+                                        max_steps=spec.max_steps, budget=budget,
+                                        call_factor=spec.recursion_call_factor)
+                finally:
+                    ANSWER_STREAM.reset(streaming)
         except TimeoutError:
             raise APIError(504, "api_error", "timeout",
                            f"the workflow did not finish within {self.config.request_timeout_s:g} s") from None

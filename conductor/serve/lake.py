@@ -40,8 +40,8 @@ def scrub(t: Trajectory, store_text: bool) -> Trajectory:
     else:
         mark = redact(question)
         rounds = [replace(r, prompt=redact(r.prompt)) for r in t.rounds]
-    calls = [replace(c, subtask=redact(c.subtask)) for c in t.calls]
-    return replace(t, question=mark, rounds=rounds, calls=calls)
+    calls = [c if (sub := redact(c.subtask)) == c.subtask else replace(c, subtask=sub) for c in t.calls]
+    return replace(t, question=mark, rounds=rounds, calls=calls)   # unchanged calls are shared, never mutated
 
 
 class ServedWriter:

@@ -3,7 +3,7 @@ dollars, tokens, errors by type, lake rows. Served as text on ``GET /metrics``."
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from conductor.serve.engine import Outcome
@@ -37,18 +37,33 @@ class Metrics:
         self.lake_rows = Gauge("conductor_serve_lake_rows_written", "Served trajectories written to the lake",
                                registry=r)
 
+        self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, looked up once: prometheus_client validates and locks on every
+        ``labels`` call, and a request touches a dozen series."""
+        key = (metric, labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
     def outcome(self, out: Outcome) -> None:
-        self.workflow.labels(out.model.model_id).observe(out.seconds)
+        child = self.child
+        child(self.workflow, out.model.model_id).observe(out.seconds)
         for t in out.trajectories:
             self.steps.observe(sum(1 for c in t.calls if c.depth == 0))
+            tokens_in = tokens_out = 0
             for c in t.calls:
-                self.worker_calls.labels(c.worker, "true" if c.cache_hit else "false").inc()
+                child(self.worker_calls, c.worker, "true" if c.cache_hit else "false").inc()
                 if c.error_kind:
-                    self.worker_errors.labels(c.worker, c.error_kind).inc()
+                    child(self.worker_errors, c.worker, c.error_kind).inc()
                 if c.cost_usd:
-                    self.dollars.labels(c.worker).inc(c.cost_usd)
-            self.tokens.labels("input").inc(t.input_tokens)
-            self.tokens.labels("output").inc(t.output_tokens)
+                    child(self.dollars, c.worker).inc(c.cost_usd)
+                tokens_in += c.input_tokens
+                tokens_out += c.output_tokens
+            child(self.tokens, "input").inc(tokens_in)
+            child(self.tokens, "output").inc(tokens_out)
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest

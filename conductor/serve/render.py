@@ -13,11 +13,13 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
+from conductor.serve.errors import APIError
 from conductor.workers.providers.shared import estimate_tokens
 
 if TYPE_CHECKING:
     from conductor.serve.engine import Outcome
     from conductor.serve.requests import ServeRequest
+    from conductor.serve.stream import AnswerStream
     from conductor.trajectory import Trajectory
 
 TRACE_FIELD = "conductor_trace"
@@ -154,14 +156,24 @@ def split_answer(text: str, size: int = 32) -> list[str]:
     return pieces
 
 
-def stream_tail(out: Outcome, req: ServeRequest, want_trace: bool, cid: str, created: int) -> list[dict[str, Any]]:
-    """The chunks after the role chunk: the answer(s) in pieces, the finish, then usage/trace (last before
-    ``[DONE]``)."""
+def stream_tail(out: Outcome, req: ServeRequest, want_trace: bool, cid: str, created: int,
+                answer: AnswerStream | None = None) -> list[dict[str, Any]]:
+    """The chunks once the workflow is done: the rest of the answer(s) in pieces (all of it, or what the live
+    ``answer`` stream has not sent yet), the finish, then usage/trace (last before ``[DONE]``). APIError
+    ``stream_diverged`` when what was sent is not the beginning of the answer (a reply that failed mid-stream
+    was retried and said something else)."""
     model = out.model.model_id
     answers = [answer_of(t, req) for t in out.trajectories]
     chunks = []
     for i, (text, _) in enumerate(answers):
-        for piece in split_answer(text):
+        rest = text if answer is None else answer.choices[i].finish(text)
+        if rest is None:
+            raise APIError(502, "api_error", "stream_diverged",
+                           "a worker's reply failed while it was being streamed, and its retry differs from the "
+                           "part already sent; ask again")
+        if answer is not None and not rest:
+            continue
+        for piece in split_answer(rest):
             chunks.append(chunk(cid, model, created, [{"index": i, "delta": {"content": piece},
                                                        "logprobs": None, "finish_reason": None}]))
     chunks.append(chunk(cid, model, created, [{"index": i, "delta": {}, "logprobs": None, "finish_reason": f}

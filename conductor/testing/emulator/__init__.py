@@ -8,6 +8,10 @@ Routes (what the SDKs call):
   POST /v1/chat/completions                  OpenAI chat completions (base_url .../v1)
   POST /v1/messages                          Anthropic messages (base_url = root)
   POST /v1beta/models/{model}:generateContent  Gemini (http_options base_url = root)
+Streaming (``stream: true``; Gemini's ``:streamGenerateContent?alt=sse``): the same reply and usage as
+server-sent events, one word piece per event (``stream_delay_s`` before each; ``stream_pause_after`` pieces,
+then held until ``POST /_emulator/release``, so a test can check what its client has while the reply is
+provably unfinished).
 Batch APIs (processing delay, partial failures, expiry and cancellation; see ``core.Batch``):
   POST /v1/files, GET /v1/files/{id}[/content], POST /v1/batches, GET /v1/batches[/{id}],
   POST /v1/batches/{id}/cancel                 OpenAI Batch API (JSONL input file, output/error files)
@@ -22,6 +26,7 @@ Control:
   GET  /_emulator/arrivals  monotonic arrival time of every request (rate measurements)
   POST /_emulator/config    merge settings (see ``EmulatorConfig``)
   POST /_emulator/reset     zero the counters and fault state (and forget batches and files)
+  POST /_emulator/release   let streamed replies held at ``stream_pause_after`` go on
   GET  /_emulator/batches   every batch created: id, route, status, custom ids
 
 Replies are echo-style by default and deterministic: ``reply from <model> to

@@ -21,12 +21,14 @@ from conductor.testing.emulator.core import (
     BatchRoutes,
     EmulatorState,
     Req,
+    StreamEvents,
     Usage,
     Wire,
     batch_item,
     error_body,
     iso,
     new_id,
+    sse,
 )
 
 ROUTE = "anthropic"
@@ -44,7 +46,8 @@ def parse_request(body: dict[str, Any], headers: Any) -> Req:
     thinking = (body.get("thinking") or {}).get("type") == "enabled"
     return Req(ROUTE, str(body.get("model", "")), "\n".join(texts), _flat(body.get("system") or ""),
                body.get("max_tokens"), thinking,
-               headers.get("x-api-key") or headers.get("Authorization", "").removeprefix("Bearer ") or None, "")
+               headers.get("x-api-key") or headers.get("Authorization", "").removeprefix("Bearer ") or None, "",
+               stream=bool(body.get("stream")))
 
 
 def _error(status: int, message: str) -> dict[str, Any]:
@@ -66,7 +69,35 @@ def _success(req: Req, text: str, u: Usage) -> dict[str, Any]:
             "stop_sequence": None, "usage": usage}
 
 
-WIRES[ROUTE] = Wire(_error, _success, {"type": "message", "content": "nope"}, key_header="x-api-key")
+def _stream(req: Req, pieces: list[str], u: Usage) -> StreamEvents:
+    """Messages streaming: message_start, (a thinking block), the text block's deltas, message_delta with the
+    stop reason and output tokens, message_stop."""
+    body = _success(req, "", u)
+    start = {**body, "content": [], "stop_reason": None, "usage": {**body["usage"], "output_tokens": 1}}
+    head = [sse({"type": "message_start", "message": start}, "message_start")]
+    block = 0
+    if req.thinking:
+        head += [sse({"type": "content_block_start", "index": 0,
+                      "content_block": {"type": "thinking", "thinking": "", "signature": ""}}, "content_block_start"),
+                 sse({"type": "content_block_delta", "index": 0,
+                      "delta": {"type": "thinking_delta", "thinking": "thinking..."}}, "content_block_delta"),
+                 sse({"type": "content_block_delta", "index": 0,
+                      "delta": {"type": "signature_delta", "signature": "emulator"}}, "content_block_delta"),
+                 sse({"type": "content_block_stop", "index": 0}, "content_block_stop")]
+        block = 1
+    head.append(sse({"type": "content_block_start", "index": block, "content_block": {"type": "text", "text": ""}},
+                    "content_block_start"))
+    text = [sse({"type": "content_block_delta", "index": block, "delta": {"type": "text_delta", "text": p}},
+                "content_block_delta") for p in pieces]
+    tail = [sse({"type": "content_block_stop", "index": block}, "content_block_stop"),
+            sse({"type": "message_delta", "delta": {"stop_reason": body["stop_reason"], "stop_sequence": None},
+                 "usage": {"output_tokens": u.output_tokens}}, "message_delta"),
+            sse({"type": "message_stop"}, "message_stop")]
+    return StreamEvents(head, text, tail)
+
+
+WIRES[ROUTE] = Wire(_error, _success, {"type": "message", "content": "nope"}, key_header="x-api-key",
+                    stream=_stream)
 
 
 # ------------------------------------------------------------------ message batches

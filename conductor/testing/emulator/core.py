@@ -7,6 +7,7 @@ any provider, whose requests finish evenly across ``batch_delay_s``.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 import json
@@ -43,6 +44,10 @@ class EmulatorConfig:
     batch_delay_s: float = 0.0          # a batch's processing time; its requests finish evenly across it
     batch_window_s: float | None = None # a batch expires this long after creation (unfinished requests expire)
     batch_error_p: float = 0.0          # each batched request fails (HTTP 500 in its result) with this probability
+    stream_delay_s: float = 0.0         # a streamed reply (stream: true) waits this long before each piece
+    stream_pause_after: int | None = None   # a streamed reply stops after this many pieces until released
+                                        # (``Emulator.release_streams``, POST /_emulator/release): lets a test see
+                                        # what its client has received while the reply is provably unfinished
 
 
 @dataclass
@@ -55,6 +60,8 @@ class Req:
     thinking: bool
     key: str | None
     body_hash: str
+    stream: bool = False       # the client asked for a streamed reply (server-sent events)
+    include_usage: bool = False   # OpenAI's stream_options.include_usage
 
 
 class _Bucket:
@@ -96,6 +103,9 @@ class EmulatorState:
         self.files: dict[str, tuple[str, str, bytes]] = {}     # id -> (filename, purpose, content)
         self.batches: dict[str, Batch] = {}
         self.batch_seen: Counter[str] = Counter()              # request body hash -> batch submissions
+        self.stream_gate = asyncio.Event()                     # set: paused streams go on (and new ones do not pause)
+        self.streams_paused = 0                                # streamed replies that reached the pause point
+        self.streams_finished = 0                              # streamed replies whose last piece was sent
 
     def configure(self, patch: dict[str, Any]) -> None:
         names = {f.name for f in fields(EmulatorConfig)}
@@ -164,29 +174,65 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class StreamEvents:
+    """A streamed reply as server-sent events: ``head`` (before any text), one event per text piece, ``tail``
+    (finish, usage, end); the server may pause between pieces."""
+
+    head: list[bytes]
+    pieces: list[bytes]
+    tail: list[bytes]
+
+
+@dataclass(frozen=True)
 class Wire:
     """One provider's bodies: ``error(status, message)``, ``success(req, text, usage)``, a malformed reply
-    that parses as JSON (``bad_schema``), and where its key travels (``key_header``, else a bearer token)."""
+    that parses as JSON (``bad_schema``), where its key travels (``key_header``, else a bearer token), and
+    its streamed reply (``stream(req, pieces, usage)``), the same text and usage as ``success`` in events."""
 
     error: Callable[[int, str], dict[str, Any]]
     success: Callable[[Req, str, Usage], dict[str, Any]]
     bad_schema: dict[str, Any]
     key_header: str | None = None
+    stream: Callable[[Req, list[str], Usage], StreamEvents] | None = None
 
 
 WIRES: dict[str, Wire] = {}
+
+
+def sse(data: Any, event: str | None = None) -> bytes:
+    """One server-sent event carrying ``data`` as JSON.
+
+    >>> sse({"a": 1}, "ping")
+    b'event: ping\\ndata: {"a": 1}\\n\\n'
+    """
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {json.dumps(data)}\n\n".encode()
+
+
+def pieces_of(text: str) -> list[str]:
+    """A reply cut into word pieces, as a model emits it; joined they are the text.
+
+    >>> pieces_of("one two  three"), pieces_of("")
+    (['one ', 'two  ', 'three'], [])
+    """
+    return re.findall(r"\s*\S+\s*|\s+", text)
 
 
 def error_body(route: str, status: int, message: str) -> dict[str, Any]:
     return WIRES[route].error(status, message)
 
 
-def success_body(req: Req, text: str, cached_fraction: float = 0.0) -> dict[str, Any]:
+def reply_usage(req: Req, text: str, cached_fraction: float = 0.0) -> tuple[str, Usage]:
+    """The reply's text cut at the request's max tokens, and its usage (streamed or not, the same)."""
     in_tok = tokens(req.system + req.text)
     truncated = req.max_tokens is not None and tokens(text) > int(req.max_tokens)
     if truncated:
         text = text[: int(req.max_tokens or 0) * 4]
-    usage = Usage(in_tok, tokens(text) if text else 0, int(in_tok * cached_fraction), truncated, int(time.time()))
+    return text, Usage(in_tok, tokens(text) if text else 0, int(in_tok * cached_fraction), truncated, int(time.time()))
+
+
+def success_body(req: Req, text: str, cached_fraction: float = 0.0) -> dict[str, Any]:
+    text, usage = reply_usage(req, text, cached_fraction)
     return WIRES[req.route].success(req, text, usage)
 
 

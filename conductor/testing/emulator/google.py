@@ -19,12 +19,14 @@ from conductor.testing.emulator.core import (
     BatchRoutes,
     EmulatorState,
     Req,
+    StreamEvents,
     Usage,
     Wire,
     batch_item,
     error_body,
     iso,
     new_id,
+    sse,
 )
 
 ROUTE = "gemini"
@@ -63,7 +65,24 @@ def _success(req: Req, text: str, u: Usage) -> dict[str, Any]:
             "usageMetadata": usage, "modelVersion": req.model}
 
 
-WIRES[ROUTE] = Wire(_error, _success, {"candidates": "nope", "usageMetadata": []}, key_header="x-goog-api-key")
+def _stream(req: Req, pieces: list[str], u: Usage) -> StreamEvents:
+    """streamGenerateContent?alt=sse: one GenerateContentResponse per piece, the finish reason and the full
+    usage on the last (an empty piece when the reply is empty)."""
+    whole = _success(req, "", u)
+    chunks = pieces or [""]
+    events = []
+    for i, p in enumerate(chunks):
+        cand: dict[str, Any] = {"content": {"parts": [{"text": p}], "role": "model"}, "index": 0}
+        last = i == len(chunks) - 1
+        if last:
+            cand["finishReason"] = whole["candidates"][0]["finishReason"]
+        usage = whole["usageMetadata"] if last else {"promptTokenCount": u.input_tokens}
+        events.append(sse({"candidates": [cand], "usageMetadata": usage, "modelVersion": req.model}))
+    return StreamEvents([], events, [])
+
+
+WIRES[ROUTE] = Wire(_error, _success, {"candidates": "nope", "usageMetadata": []}, key_header="x-goog-api-key",
+                    stream=_stream)
 
 
 # ------------------------------------------------------------------ batch mode

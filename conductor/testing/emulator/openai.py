@@ -21,11 +21,13 @@ from conductor.testing.emulator.core import (
     EmulatorState,
     Item,
     Req,
+    StreamEvents,
     Usage,
     Wire,
     batch_item,
     error_body,
     new_id,
+    sse,
 )
 
 ROUTE = "openai"
@@ -38,10 +40,12 @@ def parse_request(body: dict[str, Any], headers: Any) -> Req:
     system = "\n".join(str(m.get("content")) for m in msgs if m.get("role") == "system")
     auth = headers.get("Authorization", "")
     extra = body.get("chat_template_kwargs") or {}
+    options = body.get("stream_options") or {}
     return Req(ROUTE, str(body.get("model", "")), "\n".join(texts), system,
                body.get("max_completion_tokens") or body.get("max_tokens"),
                bool(extra.get("enable_thinking")) or bool(body.get("reasoning_effort")),
-               auth.removeprefix("Bearer ") or None, "")
+               auth.removeprefix("Bearer ") or None, "", stream=bool(body.get("stream")),
+               include_usage=isinstance(options, dict) and bool(options.get("include_usage")))
 
 
 def _error(status: int, message: str) -> dict[str, Any]:
@@ -50,17 +54,40 @@ def _error(status: int, message: str) -> dict[str, Any]:
 
 
 def _success(req: Req, text: str, u: Usage) -> dict[str, Any]:
-    usage: dict[str, Any] = {"prompt_tokens": u.input_tokens, "completion_tokens": u.output_tokens,
-                             "total_tokens": u.input_tokens + u.output_tokens}
-    if u.cached_tokens:
-        usage["prompt_tokens_details"] = {"cached_tokens": u.cached_tokens}
+    usage = _usage(u)
     return {"id": f"chatcmpl-{u.created}", "object": "chat.completion", "created": u.created, "model": req.model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                          "finish_reason": "length" if u.truncated else "stop"}],
             "usage": usage}
 
 
-WIRES[ROUTE] = Wire(_error, _success, {"object": "chat.completion", "choices": [{"index": 0, "message": None}]})
+def _usage(u: Usage) -> dict[str, Any]:
+    usage: dict[str, Any] = {"prompt_tokens": u.input_tokens, "completion_tokens": u.output_tokens,
+                             "total_tokens": u.input_tokens + u.output_tokens}
+    if u.cached_tokens:
+        usage["prompt_tokens_details"] = {"cached_tokens": u.cached_tokens}
+    return usage
+
+
+def _stream(req: Req, pieces: list[str], u: Usage) -> StreamEvents:
+    """Chat completion chunks: the role, one per piece, the finish; the usage chunk (empty choices) when
+    ``stream_options.include_usage``; then ``[DONE]``."""
+    def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        return sse({"id": f"chatcmpl-{u.created}", "object": "chat.completion.chunk", "created": u.created,
+                    "model": req.model, "choices": choices, **extra})
+
+    def delta(d: dict[str, Any], finish: str | None = None) -> list[dict[str, Any]]:
+        return [{"index": 0, "delta": d, "finish_reason": finish}]
+
+    tail = [chunk(delta({}, "length" if u.truncated else "stop"))]
+    if req.include_usage:
+        tail.append(chunk([], usage=_usage(u)))
+    return StreamEvents([chunk(delta({"role": "assistant", "content": ""}))],
+                        [chunk(delta({"content": p})) for p in pieces], [*tail, b"data: [DONE]\n\n"])
+
+
+WIRES[ROUTE] = Wire(_error, _success, {"object": "chat.completion", "choices": [{"index": 0, "message": None}]},
+                    stream=_stream)
 
 
 # ------------------------------------------------------------------ files + batches

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import hashlib
 import json
 import math
@@ -17,11 +18,22 @@ from typing import Any
 from aiohttp import web
 
 from conductor.testing.emulator import anthropic, google, openai
-from conductor.testing.emulator.core import EmulatorConfig, EmulatorState, Req, bad_schema, error_body, success_body
+from conductor.testing.emulator.core import (
+    WIRES,
+    EmulatorConfig,
+    EmulatorState,
+    Req,
+    bad_schema,
+    error_body,
+    pieces_of,
+    reply_usage,
+    success_body,
+)
 
 
 def make_app(state: EmulatorState) -> web.Application:
-    async def handle(request: web.Request, route: str, model: str | None = None) -> web.StreamResponse:
+    async def handle(request: web.Request, route: str, model: str | None = None,
+                     stream: bool = False) -> web.StreamResponse:
         raw = await request.read()
         try:
             body = json.loads(raw or b"{}")
@@ -31,6 +43,7 @@ def make_app(state: EmulatorState) -> web.Application:
                else anthropic.parse_request(body, request.headers) if route == "anthropic"
                else openai.parse_request(body, request.headers))
         req.body_hash = hashlib.sha256(raw).hexdigest()
+        req.stream = req.stream or stream
         now = time.monotonic()
         state.first_arrival = state.first_arrival if state.first_arrival is not None else now
         state.last_arrival = now
@@ -40,7 +53,7 @@ def make_app(state: EmulatorState) -> web.Application:
         state.in_flight += 1
         state.max_in_flight = max(state.max_in_flight, state.in_flight)
         try:
-            return await _respond(state, req, route)
+            return await _respond(state, req, route, request)
         finally:
             state.in_flight -= 1
 
@@ -57,9 +70,9 @@ def make_app(state: EmulatorState) -> web.Application:
         model, _, method = request.match_info["tail"].partition(":")
         if method == "batchGenerateContent":
             return await gemini_batches.create(request, model)
-        if method != "generateContent":
+        if method not in ("generateContent", "streamGenerateContent"):
             return web.json_response(error_body("gemini", 404, f"unsupported method {method!r}"), status=404)
-        return await handle(request, "gemini", model)
+        return await handle(request, "gemini", model, stream=method == "streamGenerateContent")
 
     async def stats(_: web.Request) -> web.Response:
         first, last = state.first_arrival, state.last_arrival
@@ -106,6 +119,7 @@ def make_app(state: EmulatorState) -> web.Application:
     app.router.add_get("/_emulator/arrivals", arrivals)
     app.router.add_post("/_emulator/config", config)
     app.router.add_post("/_emulator/reset", reset)
+    app.router.add_post("/_emulator/release", functools.partial(_release, state))
     app.router.add_get("/_emulator/batches", batches)
     app.router.add_get("/v1/batches/{bid}", batch_get)
     openai_batches.register(app)
@@ -114,7 +128,7 @@ def make_app(state: EmulatorState) -> web.Application:
     return app
 
 
-async def _respond(state: EmulatorState, req: Req, route: str) -> web.StreamResponse:
+async def _respond(state: EmulatorState, req: Req, route: str, request: web.Request) -> web.StreamResponse:
     cfg = state.config
     if cfg.latency_s or cfg.latency_jitter_s:
         await asyncio.sleep(cfg.latency_s + state.rng.random() * cfg.latency_jitter_s)
@@ -125,6 +139,8 @@ async def _respond(state: EmulatorState, req: Req, route: str) -> web.StreamResp
     if fault is None or fault == "empty":
         text = "" if fault == "empty" else state.reply_text(req)
         state.counts[f"{route}:ok"] += 1
+        if req.stream:
+            return await _stream(state, req, text, request)
         return web.json_response(success_body(req, text, cfg.cached_input_fraction))
     state.counts[f"{route}:{fault.split('@')[0]}"] += 1
     if fault.startswith("429"):
@@ -144,6 +160,38 @@ async def _respond(state: EmulatorState, req: Req, route: str) -> web.StreamResp
     if fault == "badschema":
         return web.json_response(bad_schema(route))
     return web.json_response(error_body(route, 400, f"unknown fault {fault!r}"), status=400)
+
+
+async def _release(state: EmulatorState, _: web.Request) -> web.Response:
+    """Paused streamed replies go on (``stream_pause_after``)."""
+    state.stream_gate.set()
+    return web.json_response({"paused": state.streams_paused, "finished": state.streams_finished})
+
+
+async def _stream(state: EmulatorState, req: Req, text: str, request: web.Request) -> web.StreamResponse:
+    """The reply as server-sent events, piece by piece (``stream_delay_s`` before each; paused after
+    ``stream_pause_after`` pieces until released), with the same text and usage as the whole reply."""
+    cfg = state.config
+    wire = WIRES[req.route]
+    assert wire.stream is not None
+    text, usage = reply_usage(req, text, cfg.cached_input_fraction)
+    events = wire.stream(req, pieces_of(text), usage)
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    for e in events.head:
+        await resp.write(e)
+    for i, e in enumerate(events.pieces):
+        if cfg.stream_pause_after is not None and i == cfg.stream_pause_after and not state.stream_gate.is_set():
+            state.streams_paused += 1
+            await asyncio.wait_for(state.stream_gate.wait(), cfg.hang_s)
+        if cfg.stream_delay_s:
+            await asyncio.sleep(cfg.stream_delay_s)
+        await resp.write(e)
+    state.streams_finished += 1
+    for e in events.tail:
+        await resp.write(e)
+    await resp.write_eof()
+    return resp
 
 
 # ------------------------------------------------------- in-process handle
@@ -226,6 +274,14 @@ class Emulator:
 
     def requests(self) -> list[dict[str, Any]]:
         return self._call(lambda: list(self.state.recent))
+
+    def release_streams(self) -> None:
+        """Let streamed replies paused at ``stream_pause_after`` go on (and later ones not pause)."""
+        self._call(self.state.stream_gate.set)
+
+    def streams(self) -> dict[str, int]:
+        """Streamed replies that reached the pause point, and those whose last piece was sent."""
+        return dict(self._call(lambda: {"paused": self.state.streams_paused, "finished": self.state.streams_finished}))
 
     def batches(self) -> list[dict[str, Any]]:
         """Every batch created since the last reset: id, route, model, status and custom ids in order."""

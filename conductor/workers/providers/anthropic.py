@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from conductor.workers.pool import Worker
-from conductor.workers.providers.base import Completion, Message, ProviderError, register_provider
+from conductor.workers.providers.base import Completion, Message, ProviderError, TextSink, register_provider
 from conductor.workers.providers.shared import LoopBoundClose, classify, split_system, with_prefill
 from conductor.workers.secrets import get_key
 
@@ -50,7 +50,7 @@ class AnthropicMessages:
             p["stop_sequences"] = list(s.stop)
         self.params = p
 
-    async def complete(self, messages: list[Message], *, sample_index: int = 0) -> Completion:
+    def _request(self, messages: list[Message]) -> tuple[list[dict[str, str]], dict[str, Any]]:
         s = self.worker.sampling
         system, rest = split_system(messages, s.system_prompt)
         if not self.thinking:
@@ -58,11 +58,15 @@ class AnthropicMessages:
         elif rest and rest[-1].role == "assistant":
             rest = rest[:-1]          # prefill is not allowed with thinking
         wire = [{"role": m.role, "content": m.content} for m in rest]
-        extra = {"system": system} if system else {}
+        return wire, ({"system": system} if system else {})
+
+    async def complete(self, messages: list[Message], *, sample_index: int = 0) -> Completion:
+        wire, extra = self._request(messages)
         who = f"worker {self.worker.name}"
         await self.closing.arm()
         try:
-            r = await self.client.messages.create(messages=wire, **self.params, **extra)  # type: ignore[call-overload]
+            create: Any = self.client.messages.create     # the sampling keywords travel in extra_body
+            r = await create(messages=wire, **self.params, **extra)
         except BaseException as e:  # noqa: BLE001
             if isinstance(e, (KeyboardInterrupt, SystemExit)) or type(e).__name__ == "CancelledError":
                 raise
@@ -73,6 +77,38 @@ class AnthropicMessages:
         except (AttributeError, TypeError, ValueError):
             raise ProviderError("malformed", f"{who}: reply lacks text content or usage") from None
         return Completion(text, in_tok, out_tok, _STOP.get(r.stop_reason or "", r.stop_reason))
+
+    async def complete_stream(self, messages: list[Message], sink: TextSink, *, sample_index: int = 0) -> Completion:
+        """``complete`` as a message stream: text deltas go to ``sink`` as they arrive (thinking is not
+        passed on); input tokens come with ``message_start``, output tokens and the stop reason at the end."""
+        wire, extra = self._request(messages)
+        who = f"worker {self.worker.name}"
+        await self.closing.arm()
+        parts: list[str] = []
+        in_tok: int | None = None
+        out_tok: int | None = None
+        stop: str | None = None
+        try:
+            create: Any = self.client.messages.create
+            stream = await create(messages=wire, stream=True, **self.params, **extra)
+            async with stream:
+                async for ev in stream:
+                    kind = getattr(ev, "type", None)
+                    if kind == "message_start":
+                        in_tok = int(ev.message.usage.input_tokens)
+                    elif kind == "content_block_delta" and getattr(ev.delta, "type", None) == "text_delta":
+                        parts.append(ev.delta.text)
+                        sink.delta(ev.delta.text)
+                    elif kind == "message_delta":
+                        stop = ev.delta.stop_reason or stop
+                        out_tok = int(ev.usage.output_tokens)
+        except BaseException as e:  # noqa: BLE001
+            if isinstance(e, (KeyboardInterrupt, SystemExit)) or type(e).__name__ == "CancelledError":
+                raise
+            raise classify(e, who) from None
+        if in_tok is None or out_tok is None:
+            raise ProviderError("malformed", f"{who}: stream lacks usage (message_start / message_delta)")
+        return Completion("".join(parts), in_tok, out_tok, _STOP.get(stop or "", stop))
 
     async def aclose(self) -> None:
         await self.closing.aclose()

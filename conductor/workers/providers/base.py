@@ -4,6 +4,11 @@ A provider turns rendered messages plus a worker's sampling settings into text
 and token usage, or raises ``ProviderError`` classified so the executor knows
 whether to wait and retry (rate limits, 5xx, timeouts) or give up (auth, bad
 request). Provider failures are infrastructure failures, never the conductor's.
+
+Optionally a provider also streams: ``complete_stream(messages, sink)`` passes the reply's text to a
+``TextSink`` as it is produced and returns the same Completion (``StreamingProvider``; the OpenAI-compatible,
+Anthropic and Gemini providers have it). ``stream_completion`` is how callers ask for it: providers without it
+(simulated, replay, tools) hand over their whole reply at once.
 """
 
 from __future__ import annotations
@@ -55,6 +60,38 @@ class Provider(Protocol):
 
     async def aclose(self) -> None:  # pragma: no cover - optional
         ...
+
+
+class TextSink(Protocol):
+    """Where a streamed reply's text goes as it is produced (the served answer, conductor/serve/stream.py).
+
+    ``start`` opens an attempt: a retried call starts its reply over, so the sink forgets the failed
+    attempt's text (what it already passed on is its own business). ``delta`` is a piece of text, in order."""
+
+    def start(self) -> None: ...
+
+    def delta(self, text: str) -> None: ...
+
+
+class StreamingProvider(Provider, Protocol):
+    async def complete_stream(self, messages: list[Message], sink: TextSink, *, sample_index: int = 0) -> Completion:
+        """``complete``, with the reply's text passed to ``sink`` as it arrives; returns the same Completion
+        (text, tokens, finish) the non-streamed call would."""
+        ...
+
+
+async def stream_completion(provider: Provider, messages: list[Message], sink: TextSink, *,
+                            sample_index: int = 0) -> Completion:
+    """One call whose text goes to ``sink`` as it is produced: through the provider's ``complete_stream``
+    where it has one (SDKs that stream), else (the default) the whole reply at once when it arrives."""
+    stream = getattr(provider, "complete_stream", None)
+    if stream is not None:
+        streamed: Completion = await stream(messages, sink, sample_index=sample_index)
+        return streamed
+    c = await provider.complete(messages, sample_index=sample_index)
+    if c.text:
+        sink.delta(c.text)
+    return c
 
 
 ProviderFactory = Callable[["Worker"], Provider]

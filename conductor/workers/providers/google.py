@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from conductor.workers.pool import Worker
-from conductor.workers.providers.base import Completion, Message, ProviderError, register_provider
+from conductor.workers.providers.base import Completion, Message, ProviderError, TextSink, register_provider
 from conductor.workers.providers.shared import LoopBoundClose, classify, split_system, with_prefill
 from conductor.workers.secrets import get_key
 
@@ -71,6 +71,35 @@ class GeminiGenerate:
             raise ProviderError("malformed", f"{who}: {e}") from None
         return Completion(text, in_tok, out_tok, reason)
 
+    async def complete_stream(self, messages: list[Message], sink: TextSink, *, sample_index: int = 0) -> Completion:
+        """``complete`` through ``generate_content_stream``: each chunk's text (thoughts left out) goes to
+        ``sink``; usage and the finish reason are the last chunk's that carries them."""
+        contents, config = self.request(messages)
+        who = f"worker {self.worker.name}"
+        await self.closing.arm()
+        parts: list[str] = []
+        last: tuple[int, int, str | None] | None = None
+        try:
+            stream = await self.client.aio.models.generate_content_stream(model=self.worker.model, contents=contents,
+                                                                          config=config)
+            async for chunk in stream:
+                try:
+                    text, in_tok, out_tok, _cached, reason = read_reply(chunk)
+                except ValueError:        # a chunk without usage: its text still counts
+                    text, in_tok, out_tok, reason = chunk_text(chunk), -1, -1, None
+                if text:
+                    parts.append(text)
+                    sink.delta(text)
+                if in_tok >= 0:
+                    last = (in_tok, out_tok, reason or (last[2] if last else None))
+        except BaseException as e:  # noqa: BLE001
+            if isinstance(e, (KeyboardInterrupt, SystemExit)) or type(e).__name__ == "CancelledError":
+                raise
+            raise classify(e, who) from None
+        if last is None:
+            raise ProviderError("malformed", f"{who}: stream lacks usage_metadata")
+        return Completion("".join(parts), *last)
+
     async def aclose(self) -> None:
         await self.closing.aclose()
 
@@ -84,6 +113,16 @@ class GeminiGenerate:
 @register_provider("google")
 def _google(worker: Worker) -> GeminiGenerate:
     return GeminiGenerate(worker)
+
+
+def chunk_text(r: Any) -> str:
+    """The text of a reply or stream chunk without its thoughts ('' when it has none)."""
+    try:
+        cands = r.candidates or []
+        parts = (cands[0].content.parts or []) if cands and cands[0].content else []
+        return "".join(p.text or "" for p in parts if not getattr(p, "thought", False))
+    except (AttributeError, TypeError, IndexError):
+        return ""
 
 
 def read_reply(r: Any) -> tuple[str, int, int, int, str | None]:

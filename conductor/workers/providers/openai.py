@@ -17,7 +17,7 @@ import asyncio
 from typing import Any
 
 from conductor.workers.pool import Worker
-from conductor.workers.providers.base import Completion, Message, ProviderError, register_provider
+from conductor.workers.providers.base import Completion, Message, ProviderError, TextSink, register_provider
 from conductor.workers.providers.shared import LoopBoundClose, classify, estimate_tokens, with_prefill
 from conductor.workers.secrets import get_key
 
@@ -69,7 +69,7 @@ class OpenAIChat:
             p["extra_body"] = extra
         return p
 
-    async def complete(self, messages: list[Message], *, sample_index: int = 0) -> Completion:
+    async def _ensure_started(self) -> None:
         if self.worker.provider == "local" and not self._started:   # an embedded server reserved, not started
             from conductor.local.process import ServerError
             from conductor.local.servers import ensure_started
@@ -79,9 +79,23 @@ class OpenAIChat:
             except ServerError as e:   # the model would not load: infrastructure, not the workflow's fault
                 raise ProviderError("permanent", f"worker {self.worker.name}: {e}") from None
             self._started = True
+
+    def _messages(self, messages: list[Message]) -> list[Message]:
         s = self.worker.sampling
         msgs = ([Message("system", s.system_prompt)] if s.system_prompt else []) + list(messages)
-        msgs = with_prefill(msgs, s.assistant_prefill)
+        return with_prefill(msgs, s.assistant_prefill)
+
+    def _usage(self, usage: Any, msgs: list[Message], text: str, who: str) -> tuple[int, int]:
+        if usage is not None and usage.prompt_tokens is not None:
+            return int(usage.prompt_tokens), int(usage.completion_tokens or 0)
+        if self.official:
+            raise ProviderError("malformed", f"{who}: reply has no usage")
+        # some local servers omit usage: estimate so limits and cost stay meaningful
+        return estimate_tokens("".join(m.content for m in msgs)), estimate_tokens(text)
+
+    async def complete(self, messages: list[Message], *, sample_index: int = 0) -> Completion:
+        await self._ensure_started()
+        msgs = self._messages(messages)
         wire = [{"role": m.role, "content": m.content} for m in msgs]
         who = f"worker {self.worker.name}"
         await self.closing.arm()
@@ -99,14 +113,39 @@ class OpenAIChat:
         if not isinstance(text, (str, type(None))):
             raise ProviderError("malformed", f"{who}: reply content is not text")
         text = text or ""
-        usage = getattr(r, "usage", None)
-        if usage is not None and usage.prompt_tokens is not None:
-            in_tok, out_tok = int(usage.prompt_tokens), int(usage.completion_tokens or 0)
-        elif self.official:
-            raise ProviderError("malformed", f"{who}: reply has no usage")
-        else:   # some local servers omit usage: estimate so limits and cost stay meaningful
-            in_tok, out_tok = estimate_tokens("".join(m.content for m in msgs)), estimate_tokens(text)
+        in_tok, out_tok = self._usage(getattr(r, "usage", None), msgs, text, who)
         return Completion(text, in_tok, out_tok, choice.finish_reason)
+
+    async def complete_stream(self, messages: list[Message], sink: TextSink, *, sample_index: int = 0) -> Completion:
+        """``complete`` with ``stream: true`` (usage on the last chunk, ``stream_options.include_usage``): each
+        content delta goes to ``sink`` as it arrives; the Completion is the one ``complete`` would return."""
+        await self._ensure_started()
+        msgs = self._messages(messages)
+        wire = [{"role": m.role, "content": m.content} for m in msgs]
+        who = f"worker {self.worker.name}"
+        await self.closing.arm()
+        parts: list[str] = []
+        finish: str | None = None
+        usage: Any = None
+        try:
+            stream = await self.client.chat.completions.create(  # type: ignore[call-overload]
+                messages=wire, stream=True, stream_options={"include_usage": True}, **self.params)
+            async with stream:
+                async for chunk in stream:
+                    usage = chunk.usage or usage
+                    for choice in chunk.choices or ():
+                        delta = choice.delta.content if choice.index == 0 and choice.delta else None
+                        if delta:
+                            parts.append(delta)
+                            sink.delta(delta)
+                        finish = choice.finish_reason or finish
+        except BaseException as e:  # noqa: BLE001 - classified, never swallowed
+            if isinstance(e, (KeyboardInterrupt, SystemExit)) or type(e).__name__ == "CancelledError":
+                raise
+            raise classify(e, who) from None
+        text = "".join(parts)
+        in_tok, out_tok = self._usage(usage, msgs, text, who)
+        return Completion(text, in_tok, out_tok, finish)
 
     async def aclose(self) -> None:
         await self.closing.aclose()

@@ -1,0 +1,172 @@
+"""The routing benches' shared trainer: a small conductor that picks ONE worker per question, trained with GRPO.
+
+``bench/learning.py`` (does the 135M learn the simulated pool's best routing?) and ``bench/robustness.py``
+(does it learn to route around a faulty worker?) train the same way: SmolLM2-135M in memory
+(``PolicyTrainer``), rollouts sampled from the object being trained through the production shard loop, the
+assistant turn prefilled with a one-step workflow whose worker index is the only free choice
+(``ROUTING_PREFILL``, ``RoutingConstraint``; why: docs/learning.md "Routing prefill"). This module holds that
+setup, the held-out split, the per-iteration loop and the summaries, so neither bench copies the other.
+
+Torch is imported inside the functions: ``conductor`` stays importable without it.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from conductor.data.questions import Question
+    from conductor.learning.grpo import PolicyTrainer
+    from conductor.policy.prefill import PrefilledBackend
+    from conductor.trajectory import Trajectory
+
+DOMAINS = ("math", "mcq")
+# Runs one batch of questions as a rollout: (questions, run_id, samples, seed) -> trajectories. A bench passes
+# its own so it can choose the pool per question (bench/robustness.py's random-faulty regime).
+Rollout = Callable[[Sequence["Question"], str, int, int], list["Trajectory"]]
+
+
+@dataclass(frozen=True)
+class RoutingSettings:
+    """What decides a routing conductor's training (the benches' command-line options)."""
+
+    n_workers: int
+    iterations: int = 30
+    lr: float = 3e-5
+    lr_schedule: str = "constant"
+    min_lr_ratio: float = 0.0
+    temperature: float = 1.0
+    group_size: int = 8
+    micro_batch: int = 0          # 0: the group size (one prompt pass per group)
+    seed: int = 0
+    max_tokens: int = 3
+    prefill: str = ""
+    constrain: bool = True
+    batch_size: int = 8
+
+
+def make_routing_conductor(s: RoutingSettings, model_path: str | None = None) -> tuple[PolicyTrainer, PrefilledBackend]:
+    """(trainer, policy): SmolLM2-135M (or a saved ``model_path``) and the prefilled, constrained backend that
+    samples from the very model being trained. Raises SystemExit with the reason for inconsistent settings."""
+    from conductor.learning.grpo import GRPOConfig, PolicyTrainer
+    from conductor.learning.grpo.checkpoint import ensure_hf_checkpoint
+    from conductor.local.embedded import ensure_models
+    from conductor.policy.prefill import PrefilledBackend, RoutingConstraint
+    from conductor.policy.transformers_backend import TransformersBackend
+
+    if model_path is None:
+        gguf = ensure_models(which=["smollm2-135m-instruct"])["smollm2-135m-instruct"]
+        model_path = str(ensure_hf_checkpoint(gguf))
+    cfg = GRPOConfig.cpu(learning_rate=s.lr, lr_schedule=s.lr_schedule, min_lr_ratio=s.min_lr_ratio,
+                         total_iterations=s.iterations, temperature=s.temperature,
+                         micro_batch_size=s.micro_batch or s.group_size,
+                         seed=s.seed, max_completion_tokens=s.max_tokens + 256)
+    trainer = PolicyTrainer(model_path, cfg)
+    inner = TransformersBackend(trainer.model, trainer.tokenizer, batch_size=s.batch_size)
+    constraint = None
+    if s.constrain:
+        if not s.prefill:
+            raise SystemExit("routing bench: --constrain needs a --prefill that ends at the worker index (or pass --no-constrain)")
+        constraint = RoutingConstraint(trainer.tokenizer, s.n_workers, trainer.tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    n_prefill = len(trainer.tokenizer(s.prefill, add_special_tokens=False)["input_ids"])
+    if n_prefill + s.max_tokens > cfg.max_completion_tokens:   # the trainer would cut off the routing tokens
+        raise SystemExit(f"routing bench: prefill ({n_prefill} tokens) + --max-tokens exceeds the trainer's "
+                         f"max_completion_tokens ({cfg.max_completion_tokens})")
+    return trainer, PrefilledBackend(inner, s.prefill, constraint)
+
+
+def split_questions(n_eval: int, seed: int) -> tuple[list[Question], list[Question], list[Question]]:
+    """(train math, train mcq, held-out) — held-out math from gsm8k_test, held-out MCQ disjoint from training."""
+    from conductor.data.datasets import load_dataset
+
+    rng = random.Random(seed)
+    train_math = load_dataset("gsm8k_train", limit=400)
+    mcq = load_dataset("mmlu_stem")
+    rng.shuffle(train_math)
+    rng.shuffle(mcq)
+    n_mcq_eval = n_eval - n_eval // 2
+    eval_math = load_dataset("gsm8k_test", limit=200)
+    rng.shuffle(eval_math)
+    held = eval_math[: n_eval // 2] + mcq[:n_mcq_eval]
+    train_mcq = mcq[n_mcq_eval:n_mcq_eval + 400]
+    assert not {q.id for q in held} & {q.id for q in train_math + train_mcq}
+    return train_math, train_mcq, held
+
+
+def worker_shares(trajs: Sequence[Trajectory]) -> dict[str, dict[str, float]]:
+    """Per domain: the fraction of workflow steps given to each worker (parsed workflows, root round)."""
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    for t in trajs:
+        for c in t.calls:
+            if c.depth == 0:
+                counts[t.domain][c.worker] += 1
+    return {d: {w: n / sum(c.values()) for w, n in sorted(c.items())} for d, c in counts.items()}
+
+
+def summarize(trajs: Sequence[Trajectory]) -> dict[str, Any]:
+    """Mean reward, accuracy, parse rate, per-domain figures and worker shares of the scored rows."""
+    scored = [t for t in trajs if not t.infra_failed and t.reward is not None]
+    n = max(1, len(scored))
+    by_dom = {}
+    for d in DOMAINS:
+        ds = [t for t in scored if t.domain == d]
+        if ds:
+            by_dom[d] = {"reward": sum(t.reward or 0.0 for t in ds) / len(ds),
+                         "accuracy": sum(bool(t.correct) for t in ds) / len(ds)}
+    return {
+        "reward": sum(t.reward or 0.0 for t in scored) / n,
+        "accuracy": sum(bool(t.correct) for t in scored) / n,
+        "parse_rate": sum(t.rounds[0].parse_status == "ok" for t in scored) / n,
+        "n": len(scored), "infra_failed": sum(t.infra_failed for t in trajs),
+        "by_domain": by_dom, "shares": worker_shares(scored),
+    }
+
+
+def format_shares(shares: dict[str, dict[str, float]], names: Sequence[str]) -> str:
+    """One line of worker shares per domain, names shortened.
+
+    >>> format_shares({"math": {"sim-a": 1.0}}, ["sim-a", "sim-b"])
+    'math: a=1.00 b=0.00 | mcq: a=0.00 b=0.00'
+    """
+    short = {w: w.removeprefix("sim-")[:5] for w in names}
+    return " | ".join(f"{d}: " + " ".join(f"{short[w]}={shares.get(d, {}).get(w, 0):.2f}" for w in names)
+                      for d in DOMAINS)
+
+
+def iteration_questions(train_math: Sequence[Question], train_mcq: Sequence[Question], it: int,
+                        per_iteration: int) -> list[Question]:
+    """Iteration ``it``'s (1-based) training questions: half math, half MCQ, walking through each list."""
+    n_math = per_iteration // 2
+    n_mcq = per_iteration - n_math
+    return ([train_math[(j + (it - 1) * n_math) % len(train_math)] for j in range(n_math)] +
+            [train_mcq[(j + (it - 1) * n_mcq) % len(train_mcq)] for j in range(n_mcq)])
+
+
+def train_routing(trainer: PolicyTrainer, rollout: Rollout, train_math: Sequence[Question],
+                  train_mcq: Sequence[Question], s: RoutingSettings, per_iteration: int, names: Sequence[str],
+                  run_prefix: str = "learning") -> list[dict[str, Any]]:
+    """``s.iterations`` GRPO iterations (rollouts through ``rollout``, one trainer step each); the curve rows,
+    printed as they come."""
+    curve = []
+    for it in range(1, s.iterations + 1):
+        t0 = time.time()
+        qs = iteration_questions(train_math, train_mcq, it, per_iteration)
+        trajs = rollout(qs, f"{run_prefix}-it{it:03d}", s.group_size, s.seed + it)
+        t_gen = sum(t.conductor_s for t in trajs)     # each row holds its share of the generation time
+        sm = summarize(trajs)
+        m = trainer.step(trajs)
+        row = {"iteration": it, **{k: sm[k] for k in ("reward", "accuracy", "parse_rate", "shares", "by_domain")},
+               "loss": m["loss"], "grad_norm": m["grad_norm"], "lr": m["lr"],
+               "zero_adv_groups": m["n_zero_advantage_groups"], "gen_s": round(t_gen, 1),
+               "iter_s": round(time.time() - t0, 1)}
+        curve.append(row)
+        print(f"[it {it:3d}] reward={sm['reward']:.3f} acc={sm['accuracy']:.3f} parse={sm['parse_rate']:.2f} "
+              f"no-contrast={m['n_zero_advantage_groups']}/{len(qs)} loss={m['loss']:+.4f} |g|={m['grad_norm']:.3f} "
+              f"lr={m['lr']:.2e} {row['iter_s']:.0f}s (gen {t_gen:.0f}s) shares {format_shares(sm['shares'], names)}",
+              flush=True)
+    return curve
