@@ -107,27 +107,11 @@ class State:
         return value
 
 
-def split_of(question: str, seed: int, train: float, val: float) -> str:
-    """``train`` / ``validation`` / ``test`` from the question's normalised content (stable across machines).
-
-    >>> split_of("What is 2+2?", 0, 0.6, 0.2) == split_of("what is  2+2? ", 0, 0.6, 0.2)
-    True
-    """
-    from conductor.workers.recordings import normalize_question
-
-    h = hashlib.sha256(f"{seed}\x1f{normalize_question(question)}".encode()).hexdigest()
-    u = int(h[:12], 16) / 16 ** 12
-    return "train" if u < train else "validation" if u < train + val else "test"
-
-
 def _questions(a: argparse.Namespace, pool: Any) -> dict[str, list[Any]]:
     """The dataset's questions that every replay worker has a recording of, split by content hash."""
-    from conductor.data.datasets import load_dataset
-    from conductor.workers.recordings import load_recordings
+    from conductor.learning.routing import recorded_questions, split_of
 
-    indexes = [load_recordings(w.options["source"], w.model, worker=w.name) for w in pool.workers
-               if w.provider == "replay"]
-    qs = [q for q in load_dataset(a.dataset) if all(ix.find(q.prompt) is not None for ix in indexes)]
+    qs = recorded_questions(pool, a.dataset)
     out: dict[str, list[Any]] = {"train": [], "validation": [], "test": []}
     for q in qs:
         out[split_of(q.prompt, a.seed, a.train_frac, a.val_frac)].append(q)

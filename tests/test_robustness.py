@@ -133,3 +133,29 @@ def test_cached_results_of_other_settings_are_refused(tmp_path: Path) -> None:
         assert "results.json" in str(e) and "another --out" in str(e)
     else:
         raise AssertionError("a cache of other settings was read")
+
+
+def test_replay_pool_end_to_end_on_recorded_questions(tmp_path: Path) -> None:
+    """The real-pool run: a replay pool's recorded GSM8K questions split by content hash (held-out ones never
+    trained on, math only), GPT-4's recorded replies with planted wrong answers, and the report of a
+    one-domain run (no MCQ column to read)."""
+    from conductor.learning.routing import recorded_split
+
+    pool = load_pool(ROOT / "data" / "pools" / "replay-gsm8k.yaml")
+    train_math, train_mcq, held = recorded_split(pool, "gsm8k_test", 6, 0)
+    assert len(held) == 6 and not train_mcq and len(train_math) > 600
+    assert not {q.id for q in held} & {q.id for q in train_math} and {q.domain for q in held} == {"math"}
+    assert [q.id for q in recorded_split(pool, "gsm8k_test", 4, 0)[2]] == [q.id for q in held[:4]]
+    faults = Faults(seed=7, wrong_answer=1.0)
+    b = bench.Bench(held, bench.Condition(pool, faults, "clean"), bench.Condition(pool, faults, "named", "gpt-4-1106"),
+                    1, Executor(), tmp_path / "results.json", settings="replay")
+    fixed = bench.fixed_policies(pool, ["mixtral-8x7b", "gpt-4-1106"], (["gpt-4-1106", "mixtral-8x7b"], "gpt-4-1106"))
+    stand_ins = {"untrained": fixed["single:gpt-4-1106"], "trained-named": fixed["single:mixtral-8x7b"]}
+    for name, policy in {**fixed, **stand_ins}.items():
+        for cond in (b.clean, b.faulty):
+            b.measure(name, policy, cond, 0)
+    gpt_clean, gpt_faulty = b.results["single:gpt-4-1106|clean|0"], b.results["single:gpt-4-1106|named|0"]
+    assert gpt_faulty["faulty_share"] == 1.0 and gpt_faulty["math"] == 0.0 < gpt_clean["math"]   # every answer planted
+    r = bench.report(b, [0], [w.name for w in pool.workers])
+    assert r["clean_routing"]["math"] in {"gpt-4-1106", "mixtral-8x7b"} and "mcq" not in r["clean_routing"]
+    assert r["oracle_faulty_routing"] == {"math": "mixtral-8x7b"} and r["faulty_share_trained"] == 0.0

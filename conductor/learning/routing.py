@@ -12,6 +12,7 @@ Torch is imported inside the functions: ``conductor`` stays importable without i
 
 from __future__ import annotations
 
+import hashlib
 import random
 import time
 from collections import Counter, defaultdict
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from conductor.learning.grpo import PolicyTrainer
     from conductor.policy.prefill import PrefilledBackend
     from conductor.trajectory import Trajectory
+    from conductor.workers.pool import Pool
 
 DOMAINS = ("math", "mcq")
 # Runs one batch of questions as a rollout: (questions, run_id, samples, seed) -> trajectories. A bench passes
@@ -48,6 +50,7 @@ class RoutingSettings:
     prefill: str = ""
     constrain: bool = True
     batch_size: int = 8
+    kl_beta: float = 0.0          # > 0: penalise KL to the starting policy, which keeps a collapsed choice exploring
 
 
 def make_routing_conductor(s: RoutingSettings, model_path: str | None = None) -> tuple[PolicyTrainer, PrefilledBackend]:
@@ -65,7 +68,7 @@ def make_routing_conductor(s: RoutingSettings, model_path: str | None = None) ->
     cfg = GRPOConfig.cpu(learning_rate=s.lr, lr_schedule=s.lr_schedule, min_lr_ratio=s.min_lr_ratio,
                          total_iterations=s.iterations, temperature=s.temperature,
                          micro_batch_size=s.micro_batch or s.group_size,
-                         seed=s.seed, max_completion_tokens=s.max_tokens + 256)
+                         seed=s.seed, max_completion_tokens=s.max_tokens + 256, kl_beta=s.kl_beta)
     trainer = PolicyTrainer(model_path, cfg)
     inner = TransformersBackend(trainer.model, trainer.tokenizer, batch_size=s.batch_size)
     constraint = None
@@ -96,6 +99,44 @@ def split_questions(n_eval: int, seed: int) -> tuple[list[Question], list[Questi
     train_mcq = mcq[n_mcq_eval:n_mcq_eval + 400]
     assert not {q.id for q in held} & {q.id for q in train_math + train_mcq}
     return train_math, train_mcq, held
+
+
+def split_of(question: str, seed: int, train: float, val: float) -> str:
+    """``train`` / ``validation`` / ``test`` from the question's normalised content (stable across machines).
+
+    >>> split_of("What is 2+2?", 0, 0.6, 0.2) == split_of("what is  2+2? ", 0, 0.6, 0.2)
+    True
+    >>> split_of("What is 2+2?", 0, 1.0, 0.0), split_of("What is 2+2?", 0, 0.0, 0.0)
+    ('train', 'test')
+    """
+    from conductor.workers.recordings import normalize_question
+
+    h = hashlib.sha256(f"{seed}\x1f{normalize_question(question)}".encode()).hexdigest()
+    u = int(h[:12], 16) / 16 ** 12
+    return "train" if u < train else "validation" if u < train + val else "test"
+
+
+def recorded_questions(pool: Pool, dataset: str) -> list[Question]:
+    """``dataset``'s questions that every replay worker of ``pool`` has a recording of (the others would be
+    infrastructure failures: a replay worker has nothing to say about them)."""
+    from conductor.data.datasets import load_dataset
+    from conductor.workers.recordings import load_recordings
+
+    indexes = [load_recordings(w.options["source"], w.model, worker=w.name) for w in pool.workers
+               if w.provider == "replay"]
+    return [q for q in load_dataset(dataset) if all(ix.find(q.prompt) is not None for ix in indexes)]
+
+
+def recorded_split(pool: Pool, dataset: str, n_eval: int, seed: int,
+                   train: float = 0.6) -> tuple[list[Question], list[Question], list[Question]]:
+    """(train math, train mcq, held-out) over a replay pool's recorded questions: split by content hash
+    (``split_of``: ``train`` share for training, the rest held out), the held-out ones the first ``n_eval`` in
+    a seeded hash order, so a larger ``n_eval`` keeps the smaller one's questions."""
+    qs = recorded_questions(pool, dataset)
+    tr = [q for q in qs if split_of(q.prompt, seed, train, 0.0) == "train"]
+    held = sorted((q for q in qs if split_of(q.prompt, seed, train, 0.0) != "train"),
+                  key=lambda q: hashlib.sha256(f"{seed}\x1e{q.prompt}".encode()).hexdigest())[:n_eval]
+    return [q for q in tr if q.domain == "math"], [q for q in tr if q.domain != "math"], held
 
 
 def worker_shares(trajs: Sequence[Trajectory]) -> dict[str, dict[str, float]]:
@@ -140,7 +181,15 @@ def format_shares(shares: dict[str, dict[str, float]], names: Sequence[str]) -> 
 
 def iteration_questions(train_math: Sequence[Question], train_mcq: Sequence[Question], it: int,
                         per_iteration: int) -> list[Question]:
-    """Iteration ``it``'s (1-based) training questions: half math, half MCQ, walking through each list."""
+    """Iteration ``it``'s (1-based) training questions: half math, half MCQ, walking through each list (all
+    from one list when the other is empty: a one-domain replay pool).
+
+    >>> iteration_questions(["m1", "m2", "m3"], [], 2, 2), iteration_questions(["m1"], ["c1", "c2"], 2, 2)
+    (['m3', 'm1'], ['m1', 'c2'])
+    """
+    if not train_math or not train_mcq:
+        only = train_math or train_mcq
+        return [only[(j + (it - 1) * per_iteration) % len(only)] for j in range(per_iteration)]
     n_math = per_iteration // 2
     n_mcq = per_iteration - n_math
     return ([train_math[(j + (it - 1) * n_math) % len(train_math)] for j in range(n_math)] +
