@@ -21,7 +21,7 @@ measures through the production pipeline:
 - ``faulty_moa`` (table only): Mixture-of-Agents, one layer: the three non-budget workers propose independently,
   sim-generalist aggregates (``conductor.policy.strategies.mixture_of_agents``).
 - ``faulty_trained`` d: the conductor GRPO-trained on the faulty pool (``--regime named``) or with a random
-  worker faulty per question (``--regime random``), trained once (seed 0, training questions) and evaluated
+  worker faulty per question (``--regime random``), trained once (``--train-seed``, training questions) and evaluated
   on every evaluation seed.
 - ``recovery`` = (d - b) / (a - b).
 - ``faulty_share_trained`` s: the share of the trained conductor's calls that went to the faulty worker (in the
@@ -337,7 +337,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="a replay pool: train and hold out DATASET's questions that its workers have recordings of "
                          "(split by content hash) instead of gsm8k_train / gsm8k_test + mmlu_stem")
     ap.add_argument("--seeds", type=int, default=5, help="evaluation seeds 0..n-1 (worker and fault draws)")
-    ap.add_argument("--eval-questions", type=int, default=32, help="held-out questions, half math half MCQ (--recorded: all of its dataset)")
+    ap.add_argument("--eval-questions", type=int, default=32, help="held-out questions, half math half MCQ (--recorded: from DATASET's held-out share)")
     ap.add_argument("--eval-samples", type=int, default=2, help="samples per held-out question and seed")
     ap.add_argument("--iterations", type=int, default=30, help="8 were too few to learn the routing (docs/faults.md)")
     ap.add_argument("--questions-per-iteration", type=int, default=4, help="half math, half MCQ")
@@ -474,9 +474,11 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(a.threads)
+    from conductor.data.datasets import DatasetError
     from conductor.execution.executor import Executor
     from conductor.learning.routing import recorded_split, split_questions
     from conductor.workers.pool import PoolError, load_pool
+    from conductor.workers.recordings import RecordingError
 
     try:
         pool = load_pool(a.pool)
@@ -491,7 +493,12 @@ def main(argv: list[str] | None = None) -> None:
     if a.recorded:
         if not any(w.provider == "replay" for w in pool.workers):
             raise SystemExit(f"error: --recorded: pool {pool.pool_id} ({a.pool}) has no replay worker")
-        train_math, train_mcq, held = recorded_split(pool, a.recorded, a.eval_questions, 0)
+        try:
+            train_math, train_mcq, held = recorded_split(pool, a.recorded, a.eval_questions, 0)
+        except (DatasetError, RecordingError) as e:
+            raise SystemExit(f"error: --recorded: {e}") from None
+        if not held or not (train_math or train_mcq):
+            raise SystemExit(f"error: --recorded: pool {pool.pool_id} has no recording of {a.recorded!r}'s questions")
     else:
         train_math, train_mcq, held = split_questions(a.eval_questions, 0)
     bench = Bench(held, Condition(pool, faults, "clean"), Condition(pool, faults, a.regime, a.faulty),
