@@ -6,14 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 
 import httpx
 import openai
 import pytest
 
-from conductor.serve.config import ServeConfig
-from tests.test_serve_support import LiveServer, questions, simulated_pool
+from tests.test_serve_support import keyed_server, questions, simulated_pool
 
 KEY = "cnd-test-key-0123456789abcdef"
 KEY_ENV = "CONDUCTOR_TEST_SERVE_KEYS"
@@ -24,15 +22,8 @@ ITEMS = questions(80)
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
     pool = simulated_pool(tmp, ITEMS, skills=1.0)
-    os.environ[KEY_ENV] = f"tester={KEY}"
-    cfg = ServeConfig(pool=str(pool), conductor="moa:0+1:2", registry=str(tmp / "registry"), reload_s=0,
-                      lake=str(tmp / "lake"), lake_flush_s=0.2, api_keys_env=KEY_ENV, key_rpm=None,
-                      max_input_chars=2000, max_body_bytes=20_000)
-    try:
-        with LiveServer(cfg) as s:
-            yield s
-    finally:
-        os.environ.pop(KEY_ENV, None)
+    with keyed_server(tmp, pool, KEY_ENV, KEY, max_input_chars=2000, max_body_bytes=20_000) as s:
+        yield s
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ server that buffered the reply would never deliver that piece (the client's read
 from __future__ import annotations
 
 import json
-import os
 
 import openai
 import pytest
@@ -16,13 +15,12 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conductor.serve.config import ServeConfig
 from conductor.serve.render import answer_of
 from conductor.serve.requests import ServeRequest
 from conductor.serve.stream import AnswerStream, releasable
 from conductor.testing.emulator import Emulator
 from conductor.trajectory import Trajectory
-from tests.test_serve_support import LiveServer, questions, simulated_pool
+from tests.test_serve_support import keyed_server, questions, simulated_pool
 
 KEY = "cnd-stream-key-0123456789abcdef"
 KEY_ENV = "CONDUCTOR_TEST_STREAM_KEYS"
@@ -52,14 +50,8 @@ def server(tmp_path_factory, emu):
                       {"name": "faulty", "model": "faulty-model", "faults": {"seed": 1, "wrong_answer": 1.0},
                        **emu_worker}]
     path.write_text(yaml.safe_dump(doc))
-    os.environ[KEY_ENV] = f"tester={KEY}"
-    cfg = ServeConfig(pool=str(path), conductor="moa:0+1:2", registry=str(tmp / "registry"), reload_s=0,
-                      lake=str(tmp / "lake"), lake_flush_s=0.2, api_keys_env=KEY_ENV, key_rpm=None)
-    try:
-        with LiveServer(cfg) as s:
-            yield s
-    finally:
-        os.environ.pop(KEY_ENV, None)
+    with keyed_server(tmp, path, KEY_ENV, KEY) as s:
+        yield s
 
 
 @pytest.fixture

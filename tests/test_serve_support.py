@@ -3,9 +3,12 @@ set (options.gold_path), and `conductor serve` on loopback in a background threa
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -88,3 +91,19 @@ class LiveServer:
     def __exit__(self, *exc: Any) -> None:
         self.server.should_exit = True
         self.thread.join(30)
+
+
+@contextmanager
+def keyed_server(tmp: Path, pool: Path, key_env: str, key: str, **overrides: Any) -> Iterator[LiveServer]:
+    """`conductor serve` over ``pool`` (Mixture-of-Agents 0+1 -> 2, registry and lake in ``tmp``) accepting one
+    API key, ``key``, read from ``key_env``; the variable is removed when the server stops."""
+    from conductor.serve.config import ServeConfig
+
+    os.environ[key_env] = f"tester={key}"
+    cfg = ServeConfig(pool=str(pool), conductor="moa:0+1:2", registry=str(tmp / "registry"), reload_s=0,
+                      lake=str(tmp / "lake"), lake_flush_s=0.2, api_keys_env=key_env, key_rpm=None, **overrides)
+    try:
+        with LiveServer(cfg) as s:
+            yield s
+    finally:
+        os.environ.pop(key_env, None)
