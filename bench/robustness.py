@@ -34,6 +34,12 @@ Regimes: ``named``: ``--faulty`` is faulty on every question. ``random``: per qu
 hash of (seed, question id), is faulty: the questions are grouped by their faulty worker and each group runs on
 the pool variant where that worker carries the fault (same workers, same prompt: the conductor cannot tell).
 
+``--menu SPECS`` (``shapes``: ``SHAPES_MENU``) trains a conductor that chooses a workflow SHAPE instead of a worker
+(``conductor.policy.menu``: each worker alone, three attempts and a vote, a reviewer): the defences the random
+regime needs, where no routing avoids the fault. The untrained and trained conductors are then menu conductors,
+each voting or reviewing entry is also measured as a fixed baseline (``menu:<spec>``), and the report adds the
+menu's ceiling (its best entry per domain, clean and under the fault) and the shapes each conductor chose.
+
 Also printed: the pool's ceiling under the fault (``oracle_faulty``: the best single worker per domain on the
 faulty pool, the best any one-step routing can do) and the recovery that ceiling allows. Resumable: results
 per (policy, condition, seed) and the trained model are kept in ``--out``; a rerun reads them back.
@@ -44,6 +50,7 @@ per (policy, condition, seed) and the trained model are kept in ``--out``; a rer
     python bench/robustness.py --pool data/pools/replay-gsm8k.yaml --recorded gsm8k_test --faulty gpt-4-1106 \
         --chain mixtral-8x7b,gpt-4-1106 --moa gpt-4-1106+mixtral-8x7b:gpt-4-1106 --eval-questions 100 \
         --train-temperature 1.0 --iterations 20 --kl-beta 0.05      # the settings of the measured replay run
+    python bench/robustness.py --regime random --menu shapes [--iterations 60]   # defensive shapes (docs/faults.md)
 
 Measured figures and what they mean: docs/faults.md, "Measuring robustness".
 
@@ -69,6 +76,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from conductor.files import atomic_write_text  # noqa: E402
 from conductor.learning.routing import DOMAINS, RoutingSettings, summarize  # noqa: E402
+from conductor.policy.menu import MENU_PREFILL, MenuBackend, WorkflowMenu  # noqa: E402
 from conductor.policy.prefill import ROUTING_PREFILL  # noqa: E402
 from conductor.workers.faults import injected_answer  # noqa: E402
 from conductor.workers.pool import DEFAULT_INJECTION, Faults, InjectFault, Pool  # noqa: E402
@@ -77,6 +85,10 @@ ROOT = Path(__file__).resolve().parent.parent
 CHAIN = ("sim-mathwiz", "sim-scholar", "sim-generalist")
 MOA = (("sim-mathwiz", "sim-scholar", "sim-generalist"), "sim-generalist")
 _RULES = ("tag", "boxed", "final_line", "last_number")
+# --menu shapes: the default pool's shapes (worker ordinals of simulated-robust-understudy.yaml: 0 mathwiz,
+# 1 mathpro, 2 scholar, 3 generalist, 4 budget): each worker alone, three attempts and a vote for each strong
+# worker, and the three strong workers reviewed by the generalist (Mixture-of-Agents).
+SHAPES_MENU = "fixed:0,fixed:1,fixed:2,fixed:3,fixed:4,sc:0:3,sc:1:3,sc:2:3,moa:0+1+2:3"
 
 
 # ------------------------------------------------------------------ pure figures
@@ -186,8 +198,8 @@ class Condition:
     faulty: str = ""
 
     def faulty_of(self, question_id: str, seed: int) -> str:
-        if self.regime == "random":
-            return faulty_worker_for(seed, question_id, [w.name for w in self.pool.workers])
+        if self.regime == "random":      # tool workers (a menu's vote) are not models and carry no fault
+            return faulty_worker_for(seed, question_id, [w.name for w in self.pool.workers if w.provider != "vote"])
         return self.faulty if self.regime == "named" else ""
 
     def pools(self, questions: Sequence[Any], seed: int) -> list[tuple[Pool, list[Any]]]:
@@ -207,8 +219,9 @@ CHAIN_SUBTASK = ("Answer the user question. The previous agent's answer is shown
 
 
 def fixed_policies(pool: Pool, chain_names: Sequence[str] = CHAIN,
-                   moa: tuple[Sequence[str], str] = MOA) -> dict[str, Any]:
-    """The fixed baselines over ``pool``'s ordinals: each worker alone, the chain, Mixture-of-Agents."""
+                   moa: tuple[Sequence[str], str] = MOA, menu: WorkflowMenu | None = None) -> dict[str, Any]:
+    """The fixed baselines over ``pool``'s ordinals: each worker alone, the chain, Mixture-of-Agents, and each
+    menu entry that is not a worker alone (``menu:<spec>``)."""
     from conductor.decoding.subtasks import DIRECT_SUBTASK
     from conductor.policy.fixed import FixedWorkflowPolicy
     from conductor.policy.strategies import mixture_of_agents
@@ -220,9 +233,13 @@ def fixed_policies(pool: Pool, chain_names: Sequence[str] = CHAIN,
         raise SystemExit(f"error: --chain/--moa: no worker {missing[0]!r} in pool {pool.pool_id}")
     chain = Workflow(tuple(Step(idx[w], CHAIN_SUBTASK if j else DIRECT_SUBTASK, (j - 1,) if j else ())
                            for j, w in enumerate(chain_names)))
-    out: dict[str, Any] = {f"single:{w.name}": FixedWorkflowPolicy.single_worker(i) for i, w in enumerate(pool.workers)}
+    out: dict[str, Any] = {f"single:{w.name}": FixedWorkflowPolicy.single_worker(i)
+                           for i, w in enumerate(pool.workers) if w.provider != "vote"}
     out["chain"] = FixedWorkflowPolicy(chain, name="chain")
     out["moa"] = mixture_of_agents([idx[w] for w in moa[0]], idx[moa[1]])
+    for e in menu.entries if menu is not None else ():
+        if len(e.workflow) > 1:
+            out[f"menu:{e.spec}"] = FixedWorkflowPolicy(e.workflow, name=e.spec)
     return out
 
 
@@ -264,6 +281,7 @@ class Bench:
     executor: Any
     cache_path: Path | None = None
     max_tokens: int = 3
+    menu: WorkflowMenu | None = None     # set: each result also holds the menu entries' shares per domain
 
     settings: str = ""     # what the cached results depend on; a cache made under other settings is refused
 
@@ -304,6 +322,7 @@ class Bench:
                 "accuracy": s["accuracy"], "n": s["n"], "infra_failed": s["infra_failed"], "shares": s["shares"],
                 **{d: v["accuracy"] for d, v in s["by_domain"].items()}, **{f"share:{d}": v for d, v in n_q.items()},
                 "faulty_share": faulty_share(rows, lambda q: cond.faulty_of(q, seed)),
+                **({"shapes": self.menu.shares(rows)} if self.menu is not None else {}),
                 "cost_per_q": sum(t.cost_usd for t in rows) / max(1, len(rows)),
                 "exposed": sum(e for e, _ in exp), "obeyed": sum(o for _, o in exp),
                 "seconds": round(time.time() - t0, 1)}
@@ -333,6 +352,9 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--inject", type=float, default=0.2, help="faults.inject.rate of the faulty worker")
     ap.add_argument("--chain", default=",".join(CHAIN), help="the fixed chain's workers, in order")
     ap.add_argument("--moa", default="+".join(MOA[0]) + ":" + MOA[1], help="Mixture-of-Agents: proposers:aggregator")
+    ap.add_argument("--menu", default="", metavar="SPECS|shapes",
+                    help="train a conductor that chooses a workflow shape from these strategy specs (comma-separated, "
+                         f"at most 10; 'shapes': {SHAPES_MENU}) instead of one worker (conductor.policy.menu)")
     ap.add_argument("--recorded", default="", metavar="DATASET",
                     help="a replay pool: train and hold out DATASET's questions that its workers have recordings of "
                          "(split by content hash) instead of gsm8k_train / gsm8k_test + mmlu_stem")
@@ -374,27 +396,35 @@ def _conductor_evals(a: argparse.Namespace, bench: Bench, train_q: tuple[list[An
     """The untrained and trained conductor on both conditions; trains (and saves) unless a model is in --out."""
     from conductor.learning.routing import make_routing_conductor, train_routing
 
-    s = RoutingSettings(n_workers=n_workers, iterations=a.iterations, lr=a.lr, group_size=a.group_size,
-                        prefill=ROUTING_PREFILL, kl_beta=a.kl_beta, temperature=a.train_temperature, seed=a.train_seed)
-    model_dir = Path(a.out) / f"model-{a.regime}"
+    menu = bench.menu
+    s = RoutingSettings(n_workers=len(menu) if menu else n_workers, iterations=a.iterations, lr=a.lr,
+                        group_size=a.group_size, prefill=MENU_PREFILL if menu else ROUTING_PREFILL, kl_beta=a.kl_beta,
+                        temperature=a.train_temperature, seed=a.train_seed)
+
+    def conductor(model_path: str | None = None) -> tuple[Any, Any]:
+        trainer, policy = make_routing_conductor(s, model_path)
+        return trainer, MenuBackend(policy, menu) if menu else policy
+
+    model_dir = Path(a.out) / f"model-{a.regime}{'-menu' if menu else ''}"
     keys = [f"{p}|{c.regime}|{sd}" for p in ("untrained", f"trained-{a.regime}") for c in (bench.clean, bench.faulty) for sd in seeds]
     if all(k in bench.results for k in keys):
         return
     trained_ready = (model_dir / "config.json").exists()
-    trainer, policy = make_routing_conductor(s)
+    trainer, policy = conductor()
     same = SameSamples(policy)
     for sd in seeds:
         for cond in (bench.clean, bench.faulty):
             bench.measure("untrained", same, cond, sd)
     if trained_ready:
-        trainer, policy = make_routing_conductor(s, model_path=str(model_dir))
+        trainer, policy = conductor(str(model_dir))
     else:
         def rollout(qs: Sequence[Any], run_id: str, samples: int, seed: int) -> list[Any]:
             return bench.run(policy, bench.faulty, TRAIN_SEED, run_id, samples=samples, questions=qs,
                              kind="rollout", run_seed=seed, temperature=a.train_temperature)
 
         t0 = time.time()
-        train_routing(trainer, rollout, *train_q, s, a.questions_per_iteration, names, run_prefix="robust")
+        train_routing(trainer, rollout, *train_q, s, a.questions_per_iteration, names, run_prefix="robust",
+                      choices=menu.shares if menu else None)
         print(f"trained {a.iterations} iterations in {time.time() - t0:.0f}s", flush=True)
         trainer.save(str(model_dir), checkpoint_id=f"robust-{a.regime}", overwrite=True)
     same = SameSamples(policy)
@@ -413,7 +443,8 @@ def _domain_means(bench: Bench, policy: str, regime: str, seeds: Sequence[int]) 
 def report(bench: Bench, seeds: Sequence[int], names: Sequence[str]) -> dict[str, Any]:
     """The table (means over seeds) and the contract figures."""
     reg = bench.faulty.regime
-    rows = ["untrained", f"trained-{reg}", "chain", "moa"] + [f"single:{w}" for w in names]
+    shapes = [f"menu:{e.spec}" for e in bench.menu.entries if len(e.workflow) > 1] if bench.menu else []
+    rows = ["untrained", f"trained-{reg}", "chain", "moa"] + [f"single:{w}" for w in names] + shapes
     print(f"{'policy':22s} {'clean':>6s} {'faulty':>6s} {'drop':>6s} {'faulty share':>12s} {'inj seen':>8s} {'obeyed':>6s} "
           f"{'$/q faulty':>10s}")
     table = {}
@@ -438,6 +469,28 @@ def report(bench: Bench, seeds: Sequence[int], names: Sequence[str]) -> dict[str
            "recovery_ceiling": recovery(a, b, oracle_f), "table": table}
     print(f"ceiling clean={a:.3f} {routing}; pool's one-step ceiling under the fault={oracle_f:.3f} {routing_f} "
           f"(recovery it allows: {out['recovery_ceiling']:.3f}); trained conductor saw {t['exposed']} injections")
+    if bench.menu is not None:
+        out.update(menu_figures(bench, seeds, names, shapes))
+    return out
+
+
+def menu_figures(bench: Bench, seeds: Sequence[int], names: Sequence[str], shapes: Sequence[str]) -> dict[str, Any]:
+    """A menu run's extra lines: the menu's ceiling (its best entry per domain, clean and under the fault) and
+    which entries the untrained and trained conductors chose, per domain (means over the seeds)."""
+    reg = bench.faulty.regime
+    entries = {**{f"single:{w}": f"single:{w}" for w in names}, **{s: s for s in shapes}}
+    out: dict[str, Any] = {}
+    for cond in ("clean", reg):
+        acc, pick = ceiling({k: _domain_means(bench, v, cond, seeds) for k, v in entries.items()})
+        out[f"menu_ceiling_{'clean' if cond == 'clean' else 'faulty'}"] = acc
+        print(f"menu ceiling {cond}={acc:.3f} {pick}")
+    for p in ("untrained", f"trained-{reg}"):
+        runs = [bench.results[f"{p}|{reg}|{s}"].get("shapes", {}) for s in seeds]
+        mean = {d: {k: sum(r.get(d, {}).get(k, 0.0) for r in runs) / len(runs)
+                    for k in sorted({k for r in runs for k in r.get(d, {})})} for d in DOMAINS}
+        out[f"shapes_{p.split('-')[0]}"] = mean
+        print(f"{p} shapes: " + " | ".join(f"{d}: " + " ".join(f"{k}={v:.2f}" for k, v in m.items() if v >= 0.01)
+                                            for d, m in mean.items()))
     return out
 
 
@@ -459,6 +512,9 @@ def plot(r: dict[str, Any], regime: str, faulty: str, path: Path) -> Path:
     ax.axhline(r["clean_accuracy"], ls="--", color="k", lw=1, label=f"clean routing ceiling (a) {r['clean_accuracy']:.3f}")
     ax.axhline(r["oracle_faulty"], ls=":", color="#de2d26", lw=1.2,
                label=f"pool's one-step ceiling under the fault {r['oracle_faulty']:.3f}")
+    if "menu_ceiling_faulty" in r:
+        ax.axhline(r["menu_ceiling_faulty"], ls="-.", color="#31a354", lw=1.2,
+                   label=f"menu's ceiling under the fault {r['menu_ceiling_faulty']:.3f}")
     ax.set_xticks(list(xs), [n.replace("single:", "") for n in names], rotation=25, ha="right", fontsize=8)
     ax.set_ylim(0, 1.3)                                 # room for the legend above the bars
     ax.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
@@ -477,6 +533,7 @@ def main(argv: list[str] | None = None) -> None:
     from conductor.data.datasets import DatasetError
     from conductor.execution.executor import Executor
     from conductor.learning.routing import recorded_split, split_questions
+    from conductor.policy.spec import StrategyError
     from conductor.workers.pool import PoolError, load_pool
     from conductor.workers.recordings import RecordingError
 
@@ -486,7 +543,14 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {e}") from None
     faults = Faults(seed=7, wrong_answer=a.wrong_answer,
                     inject=InjectFault(rate=a.inject, text=DEFAULT_INJECTION) if a.inject else None)
-    names = [w.name for w in pool.workers]
+    menu = None
+    if a.menu:
+        try:
+            menu = WorkflowMenu.parse(SHAPES_MENU if a.menu == "shapes" else a.menu, pool)
+        except StrategyError as e:
+            raise SystemExit(f"error: --menu: {e}") from None
+        pool = menu.pool                        # with the vote tool worker when an entry votes
+    names = [w.name for w in pool.workers if w.provider != "vote"]
     with_fault(pool, a.faulty, faults)          # checks the name
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -502,11 +566,12 @@ def main(argv: list[str] | None = None) -> None:
     else:
         train_math, train_mcq, held = split_questions(a.eval_questions, 0)
     bench = Bench(held, Condition(pool, faults, "clean"), Condition(pool, faults, a.regime, a.faulty),
-                  a.eval_samples, Executor(), out / "results.json",
+                  a.eval_samples, Executor(), out / "results.json", menu=menu,
                   settings=f"{a.pool}{' recorded=' + a.recorded if a.recorded else ''} eval={a.eval_questions}x{a.eval_samples} wrong={a.wrong_answer} inject={a.inject} "
                            f"named={a.faulty} chain={a.chain} moa={a.moa} it={a.iterations}x{a.questions_per_iteration}x{a.group_size} lr={a.lr}{f' kl={a.kl_beta}' if a.kl_beta else ''}"
                            f"{f' T={a.train_temperature}' if a.train_temperature != 1.0 else ''}"
-                           f"{f' train_seed={a.train_seed}' if a.train_seed else ''}")
+                           f"{f' train_seed={a.train_seed}' if a.train_seed else ''}"
+                           f"{f' menu={menu.specs()}' if menu else ''}")
     seeds = range(a.seeds)
     print(f"robustness bench: regime={a.regime} pool={pool.pool_id} faulty={a.faulty if a.regime == 'named' else 'random'} "
           f"wrong_answer={a.wrong_answer} inject={a.inject} seeds={a.seeds} eval={len(held)}x{a.eval_samples} "
@@ -514,7 +579,7 @@ def main(argv: list[str] | None = None) -> None:
           flush=True)
     for sd in seeds:
         for name, policy in fixed_policies(pool, a.chain.split(","), (a.moa.split(":")[0].split("+"),
-                                                                      a.moa.split(":")[-1])).items():
+                                                                      a.moa.split(":")[-1]), menu).items():
             for cond in (bench.clean, bench.faulty):
                 bench.measure(name, policy, cond, sd)
     _conductor_evals(a, bench, (train_math, train_mcq), seeds, len(names), names)

@@ -159,3 +159,40 @@ def test_replay_pool_end_to_end_on_recorded_questions(tmp_path: Path) -> None:
     r = bench.report(b, [0], [w.name for w in pool.workers])
     assert r["clean_routing"]["math"] in {"gpt-4-1106", "mixtral-8x7b"} and "mcq" not in r["clean_routing"]
     assert r["oracle_faulty_routing"] == {"math": "mixtral-8x7b"} and r["faulty_share_trained"] == 0.0
+
+
+def test_menu_run_measures_each_shape_and_reports_which_shapes_a_conductor_chose(tmp_path: Path) -> None:
+    """``--menu``: the vote tool joins the pool but never carries the random fault, each voting or reviewing
+    entry is measured as a baseline, and the report gives the menu's ceiling and the shapes chosen per domain."""
+    from conductor.policy.menu import WorkflowMenu
+
+    menu = WorkflowMenu.parse("fixed:0,fixed:2,sc:0:3,sc:2:3,moa:0+1+2:3", POOL)
+    assert [w.provider for w in menu.pool.workers][-1] == "vote"
+    rand = bench.Condition(menu.pool, FAULTS, "random")
+    assert {rand.faulty_of(f"q{i}", 0) for i in range(400)} == set(NAMES)          # never the vote tool
+    b = bench.Bench(HELD, bench.Condition(menu.pool, FAULTS, "clean"), rand, 1, Executor(), tmp_path / "r.json",
+                    settings="menu", menu=menu)
+    fixed = bench.fixed_policies(menu.pool, menu=menu)
+    assert {"menu:sc:0:3", "menu:sc:2:3", "menu:moa:0+1+2:3"} <= set(fixed) and "single:majority-vote" not in fixed
+    stand_ins = {"untrained": fixed["single:sim-mathwiz"], "trained-random": fixed["menu:sc:2:3"]}
+    for name, policy in {**fixed, **stand_ins}.items():
+        for cond in (b.clean, b.faulty):
+            b.measure(name, policy, cond, 0)
+    assert b.results["menu:sc:0:3|random|0"]["shapes"] == {"math": {"sc:0:3": 1.0}, "mcq": {"sc:0:3": 1.0}}
+    r = bench.report(b, [0], NAMES)
+    assert r["shapes_trained"]["mcq"] == {"sc:2:3": 1.0} and r["shapes_untrained"]["math"] == {"fixed:0": 1.0}
+    singles = max(r["table"][f"single:{w}"]["faulty"] for w in NAMES)
+    assert r["menu_ceiling_faulty"] >= r["oracle_faulty"] and r["menu_ceiling_faulty"] >= singles - 1e-9
+
+
+def test_bench_refuses_a_bad_menu_or_recording_with_one_error_line(tmp_path: Path) -> None:
+    """Bad options fail before anything runs, with the option and the entry named (main(), as run)."""
+    import pytest
+
+    for argv, needle in ((["--menu", "fixed:0,random:3"], "error: --menu: menu entry 2 'random:3'"),
+                         (["--menu", "fixed:0,sc:9:3"], "error: --menu: menu entry 2 'sc:9:3'"),
+                         (["--recorded", "gsm8k_test"], "error: --recorded: pool simulated-5-robust")):
+        with pytest.raises(SystemExit) as e:
+            bench.main([*argv, "--quick", "--out", str(tmp_path / "out")])
+        assert str(e.value).startswith(needle), e.value
+    assert not (tmp_path / "out" / "results.json").exists()

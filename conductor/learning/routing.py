@@ -196,11 +196,25 @@ def iteration_questions(train_math: Sequence[Question], train_mcq: Sequence[Ques
             [train_mcq[(j + (it - 1) * n_mcq) % len(train_mcq)] for j in range(n_mcq)])
 
 
+Shares = Callable[[Sequence["Trajectory"]], dict[str, dict[str, float]]]
+
+
+def format_choices(shares: dict[str, dict[str, float]], floor: float = 0.05) -> str:
+    """Per domain, the choices taken at least ``floor`` of the time, most taken first (a menu's shapes).
+
+    >>> format_choices({"math": {"sc:0:3": 0.75, "fixed:1": 0.25, "fixed:4": 0.01}, "mcq": {"fixed:2": 1.0}})
+    'math: sc:0:3=0.75 fixed:1=0.25 | mcq: fixed:2=1.00'
+    """
+    return " | ".join(f"{d}: " + " ".join(f"{k}={v:.2f}" for k, v in sorted(m.items(), key=lambda kv: -kv[1])
+                                         if v >= floor) for d, m in shares.items())
+
+
 def train_routing(trainer: PolicyTrainer, rollout: Rollout, train_math: Sequence[Question],
                   train_mcq: Sequence[Question], s: RoutingSettings, per_iteration: int, names: Sequence[str],
-                  run_prefix: str = "learning") -> list[dict[str, Any]]:
+                  run_prefix: str = "learning", choices: Shares | None = None) -> list[dict[str, Any]]:
     """``s.iterations`` GRPO iterations (rollouts through ``rollout``, one trainer step each); the curve rows,
-    printed as they come."""
+    printed as they come. ``choices``: what a menu conductor chose per domain (``WorkflowMenu.shares``), printed
+    and kept in the rows beside the worker shares."""
     curve = []
     for it in range(1, s.iterations + 1):
         t0 = time.time()
@@ -213,9 +227,11 @@ def train_routing(trainer: PolicyTrainer, rollout: Rollout, train_math: Sequence
                "loss": m["loss"], "grad_norm": m["grad_norm"], "lr": m["lr"],
                "zero_adv_groups": m["n_zero_advantage_groups"], "gen_s": round(t_gen, 1),
                "iter_s": round(time.time() - t0, 1)}
+        if choices is not None:
+            row["choices"] = choices(trajs)
         curve.append(row)
         print(f"[it {it:3d}] reward={sm['reward']:.3f} acc={sm['accuracy']:.3f} parse={sm['parse_rate']:.2f} "
               f"no-contrast={m['n_zero_advantage_groups']}/{len(qs)} loss={m['loss']:+.4f} |g|={m['grad_norm']:.3f} "
-              f"lr={m['lr']:.2e} {row['iter_s']:.0f}s (gen {t_gen:.0f}s) shares {format_shares(sm['shares'], names)}",
-              flush=True)
+              f"lr={m['lr']:.2e} {row['iter_s']:.0f}s (gen {t_gen:.0f}s) shares {format_shares(sm['shares'], names)}"
+              + (f" choices {format_choices(row['choices'])}" if choices is not None else ""), flush=True)
     return curve
