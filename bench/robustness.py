@@ -382,8 +382,8 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("seeds", "eval_questions", "eval_samples", "questions_per_iteration"):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
-    if a.iterations < 0 or a.group_size < 2:
-        ap.error("--iterations must be >= 0 and --group-size >= 2")
+    if a.iterations < 1 or a.group_size < 2:
+        ap.error("--iterations must be >= 1 and --group-size >= 2")
     if a.train_temperature <= 0 or a.kl_beta < 0:
         ap.error("--train-temperature must be > 0 and --kl-beta >= 0")
     if not (0 <= a.wrong_answer <= 1 and 0 <= a.inject <= 1):

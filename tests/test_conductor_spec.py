@@ -32,6 +32,7 @@ from conductor.policy.spec import (
     StrategyError,
     TransformersSpec,
     VllmSpec,
+    VoteSpec,
     parse_conductor_spec,
 )
 from conductor.prompts import FewShotSpec
@@ -57,6 +58,7 @@ CORPUS = [
     ("fixed:0", FixedSpec(worker=0)),
     ("sc:1:5", SelfConsistencySpec(worker=1, k=5)),
     ("moa:0+1+2:1", MixtureSpec(proposers=(0, 1, 2), aggregator=1)),
+    ("vote:0+2+3", VoteSpec(proposers=(0, 2, 3))),
     ("random", RandomSpec()),
     ("random:7", RandomSpec(seed=7)),
     ("random:7:3", RandomSpec(seed=7, max_steps=3)),
@@ -73,7 +75,7 @@ def test_every_variant_parses_to_its_type_and_prints_back_to_its_text(text, spec
 
 
 @pytest.mark.parametrize("text, canonical", [
-    (" Embedded ", "embedded"), ("moa:0,1:2", "moa:0+1:2"), ("TRANSFORMERS:/d", "transformers:/d"),
+    (" Embedded ", "embedded"), ("moa:0,1:2", "moa:0+1:2"), ("vote:2,0", "vote:2+0"), ("TRANSFORMERS:/d", "transformers:/d"),
     ("champion@", "champion"), ("fixed: 3", "fixed:3"), ("AUTO", "auto"), ("embedded:", "embedded"),
 ])
 def test_spellings_have_one_canonical_text(text, canonical):
@@ -115,6 +117,8 @@ def test_layers_match_on_the_type():
     ("sc:0:0", StrategyError, "k must be at least 1"),
     ("moa:0+x:1", StrategyError, "'x' is not a worker number"),
     ("moa:0+1", StrategyError, "expected fixed:I"),
+    ("vote:1", StrategyError, "a vote needs at least two proposers"),
+    ("vote:0+1:2", StrategyError, "expected fixed:I"),
     ("random:a", StrategyError, "seed 'a' is not an integer"),
     ("random:1:0", StrategyError, "max_steps must be at least 1"),
     ("random:1:2:3", StrategyError, "expected fixed:I"),
@@ -157,6 +161,7 @@ _specs = st.one_of(
     st.builds(FixedSpec, worker=_n),
     st.builds(SelfConsistencySpec, worker=_n, k=st.integers(1, 64)),
     st.builds(MixtureSpec, proposers=st.lists(_n, min_size=1, max_size=5).map(tuple), aggregator=_n),
+    st.builds(VoteSpec, proposers=st.lists(_n, min_size=2, max_size=5).map(tuple)),
     st.builds(RandomSpec, seed=_n) | st.builds(RandomSpec, seed=_n, max_steps=st.integers(1, 20)) | st.just(RandomSpec()),
 )
 

@@ -102,6 +102,19 @@ def test_mixture_of_agents_proposers_then_aggregator_over_all(tmp_path, question
     assert all(a == [0, 1, 2] for a in agg["access"].to_list())         # "all": it saw every proposal
 
 
+def test_vote_over_different_workers_takes_their_majority(tmp_path, questions_file):
+    s = answer(questions_file, tmp_path / "vote", "vote:0+1+3")
+    assert s.parse_failures == 0 and s.infra_failures == 0 and s.calls_per_question == 4
+    traj, calls = lake_rows(s)
+    assert [st["worker"] for st in traj["steps"][0].to_list()][:3] == [0, 1, 3]
+    for qid, group in calls.group_by("question_id"):
+        answers = group.filter(pl.col("provider") != "vote").sort("step")
+        vote = group.filter(pl.col("provider") == "vote").row(0, named=True)
+        assert answers["worker"].to_list() == [SIM.workers[i].name for i in (0, 1, 3)] and vote["step"] == 3
+        assert vote["response"] == majority(answers["response"].to_list())[0]
+        assert traj.filter(pl.col("question_id") == qid[0])["final_answer"].item() == vote["response"]
+
+
 def test_random_workflows_run_and_are_reproducible(tmp_path, questions_file):
     s = answer(questions_file, tmp_path / "r1", "random:3")
     again = answer(questions_file, tmp_path / "r2", "random:3")
@@ -154,10 +167,11 @@ def test_bad_specs_are_one_line_errors(spec, msg):
         make_strategy(spec, strategy_pool(spec, SIM))
 
 
-def test_strategy_pool_adds_one_vote_worker_and_only_for_self_consistency():
+def test_strategy_pool_adds_one_vote_worker_and_only_for_votes():
     p = strategy_pool("sc:0:3", SIM)
     assert [w.provider for w in p.workers][-1] == "vote" and len(p.workers) == len(SIM.workers) + 1
     assert strategy_pool("sc:0:3", p) is p and strategy_pool("moa:0+1:2", SIM) is SIM
+    assert strategy_pool("vote:0+1", SIM).workers[-1].provider == "vote" and strategy_pool("vote:0+1", p) is p
     with pytest.raises(StrategyError, match="--max-steps 6"):
         check_strategy("sc:0:5", SIM, 5)
 

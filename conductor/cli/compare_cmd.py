@@ -70,7 +70,7 @@ def compare_cmd(
     pool: Path = typer.Option(DEFAULT_POOL, "--pool", help="Worker pool manifest (default: the embedded local pool)."),
     strategies: str = typer.Option(DEFAULT_STRATEGIES, "--strategies", help="Comma-separated: conductor (the --conductor "
                                    "policy), fixed:I (fixed:* = every worker), sc:I:K, moa:P1+P2+...:AGG, "
-                                   "random[:SEED[:MAX_STEPS]]."),
+                                   "vote:P1+P2+..., random[:SEED[:MAX_STEPS]]."),
     conductor: str = typer.Option("auto", "--conductor", help="The conductor policy behind the 'conductor' strategy "
                                   "(as for `conductor answer`)."),
     lake: str = typer.Option(None, "--lake", help="Lake holding the runs (default OUT/lake); without QUESTIONS, "
@@ -139,7 +139,7 @@ def _plan(strategies: list[str], conductor: str, manifest: object, max_steps: in
     plan = []
     for s in strategies:
         if s != CONDUCTOR and not is_strategy(s):
-            raise ValueError(f"--strategies: unknown strategy {s!r} (conductor, fixed:I, sc:I:K, moa:P1+P2:AGG, random)")
+            raise ValueError(f"--strategies: unknown strategy {s!r} (conductor, fixed:I, sc:I:K, moa:P1+P2:AGG, vote:P1+P2, random)")
         spec = conductor if s == CONDUCTOR else s
         steps = max(max_steps, steps_needed(spec)) if is_strategy(spec) else max_steps
         check_strategy(spec, manifest, steps)  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ The returned ``Generation`` carries both halves of that choice, each where its r
 - ``text``: the expanded workflow, rendered in the conductor's format. The parser, executor and lake see the
   workflow that ran, so every row shows its steps, workers and access lists like any other conductor's.
 
-The menu is written as strategy specs (``fixed:i``, ``sc:i:k``, ``moa:p+q:agg``; ``conductor.policy.strategies``),
+The menu is written as strategy specs (``fixed:i``, ``sc:i:k``, ``moa:p+q:agg``, ``vote:p+q``; ``conductor.policy.strategies``),
 so each entry is also a baseline that runs on its own (``conductor run --conductor sc:0:3``) and the menu's best
 entry per domain is a ceiling a bench can measure beside the trained conductor. At most ten entries: the
 indices must be single tokens (``0``..``9`` in SmolLM2's and Qwen2.5's vocabularies).
@@ -73,7 +73,7 @@ class WorkflowMenu:
         >>> WorkflowMenu.parse("fixed:0,random", p)
         Traceback (most recent call last):
         ...
-        conductor.policy.spec.StrategyError: menu entry 2 'random': not a fixed workflow (fixed, sc or moa)
+        conductor.policy.spec.StrategyError: menu entry 2 'random': not a fixed workflow (fixed, sc, moa or vote)
         """
         from conductor.policy.fixed import FixedWorkflowPolicy
         from conductor.policy.strategies import make_strategy, strategy_pool
@@ -89,7 +89,7 @@ class WorkflowMenu:
             except StrategyError as e:
                 raise StrategyError(f"menu entry {i} {s!r}: {e}") from None
             if not isinstance(policy, FixedWorkflowPolicy):
-                raise StrategyError(f"menu entry {i} {s!r}: not a fixed workflow (fixed, sc or moa)")
+                raise StrategyError(f"menu entry {i} {s!r}: not a fixed workflow (fixed, sc, moa or vote)")
             entries.append(MenuEntry(s, policy.workflow))
         return cls(tuple(entries), pool)
 

@@ -20,6 +20,7 @@ The grammar (the head is case-insensitive; surrounding whitespace is dropped)::
     fixed:I                            baseline: worker I answers alone
     sc:I:K                             baseline: self-consistency, K samples of worker I and a majority vote
     moa:P1+P2+...:AGG                  baseline: one Mixture-of-Agents layer (``,`` also separates proposers)
+    vote:P1+P2+...                     baseline: the proposers answer independently, then a majority vote
     random[:SEED[:MAX_STEPS]]          baseline: a random workflow per question
 
 Worker ordinals are checked against a pool where the pool is known (conductor/policy/strategies.py), and
@@ -37,11 +38,11 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSeriali
 from pydantic_core import PydanticCustomError
 
 BACKENDS = ("embedded", "llamacpp", "transformers", "vllm", "openai")
-STRATEGIES = ("fixed", "sc", "moa", "random")
+STRATEGIES = ("fixed", "sc", "moa", "vote", "random")
 DEFAULT_RANDOM_MAX_STEPS = 5   # conductor.workflow.DEFAULT_MAX_STEPS (not imported: this module stays leaf-light)
 EXPECTED = ("auto, champion[@REGISTRY], embedded[:NAME], llamacpp:FILE.gguf, transformers:DIR[#FILE.gguf], "
-            "vllm:MODEL, openai:MODEL[@URL][#KEY_ENV], fixed:I, sc:I:K, moa:P1+P2+...:AGG, random[:SEED[:MAX_STEPS]]")
-STRATEGY_FORMS = "fixed:I, sc:I:K, moa:P1+P2+...:AGG or random[:SEED[:MAX_STEPS]]"
+            "vllm:MODEL, openai:MODEL[@URL][#KEY_ENV], fixed:I, sc:I:K, moa:P1+P2+...:AGG, vote:P1+P2+..., random[:SEED[:MAX_STEPS]]")
+STRATEGY_FORMS = "fixed:I, sc:I:K, moa:P1+P2+...:AGG, vote:P1+P2+... or random[:SEED[:MAX_STEPS]]"
 _ORDINAL = re.compile(r"[0-9]+")
 _KEY_ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -300,6 +301,21 @@ class MixtureSpec(_StrategySpec):
         return f"moa:{'+'.join(map(str, self.proposers))}:{self.aggregator}"
 
 
+class VoteSpec(_StrategySpec):
+    """``vote:P1+P2+...``: the proposers answer independently, then a majority vote over their answers. Unlike
+    ``sc`` (attempts of ONE worker, which share its faults), different workers outvote a faulty one."""
+
+    kind: Literal["vote"] = "vote"
+    proposers: tuple[Annotated[int, Field(ge=0)], ...] = Field(min_length=2)
+
+    @property
+    def steps_needed(self) -> int:
+        return len(self.proposers) + 1
+
+    def __str__(self) -> str:
+        return f"vote:{'+'.join(map(str, self.proposers))}"
+
+
 class RandomSpec(_StrategySpec):
     """``random[:SEED[:MAX_STEPS]]``: a random workflow per question (None: seed 0, at most 5 steps)."""
 
@@ -322,7 +338,7 @@ class RandomSpec(_StrategySpec):
 
 
 BackendSpec = EmbeddedSpec | LlamaCppSpec | TransformersSpec | VllmSpec | OpenAISpec
-StrategySpec = FixedSpec | SelfConsistencySpec | MixtureSpec | RandomSpec
+StrategySpec = FixedSpec | SelfConsistencySpec | MixtureSpec | VoteSpec | RandomSpec
 ConductorSpec = Annotated[AutoSpec | ChampionSpec | BackendSpec | StrategySpec, Field(discriminator="kind")]
 BACKEND_SPECS = (EmbeddedSpec, LlamaCppSpec, TransformersSpec, VllmSpec, OpenAISpec)
 
@@ -348,7 +364,7 @@ def parse_conductor_spec(text: str) -> ConductorSpec:
     >>> parse_conductor_spec("x")
     Traceback (most recent call last):
     ...
-    conductor.policy.spec.ConductorSpecError: conductor spec 'x': unknown spec (expected one of auto, champion[@REGISTRY], embedded[:NAME], llamacpp:FILE.gguf, transformers:DIR[#FILE.gguf], vllm:MODEL, openai:MODEL[@URL][#KEY_ENV], fixed:I, sc:I:K, moa:P1+P2+...:AGG, random[:SEED[:MAX_STEPS]])
+    conductor.policy.spec.ConductorSpecError: conductor spec 'x': unknown spec (expected one of auto, champion[@REGISTRY], embedded[:NAME], llamacpp:FILE.gguf, transformers:DIR[#FILE.gguf], vllm:MODEL, openai:MODEL[@URL][#KEY_ENV], fixed:I, sc:I:K, moa:P1+P2+...:AGG, vote:P1+P2+..., random[:SEED[:MAX_STEPS]])
     """
     if not isinstance(text, str):
         raise ConductorSpecError(f"conductor spec {text!r}: expected text, got {type(text).__name__}")
@@ -407,6 +423,11 @@ def _strategy(text: str, kind: str, rest: str | None) -> StrategySpec:
     if kind == "moa" and len(parts) == 2:
         proposers = tuple(_ordinal(p, text) for p in parts[0].replace("+", ",").split(","))
         return MixtureSpec(proposers=proposers, aggregator=_ordinal(parts[1], text))
+    if kind == "vote" and len(parts) == 1:
+        voters = tuple(_ordinal(p, text) for p in parts[0].replace("+", ",").split(","))
+        if len(voters) < 2:
+            raise StrategyError(f"strategy {text!r}: a vote needs at least two proposers")
+        return VoteSpec(proposers=voters)
     if kind == "random" and len(parts) <= 2:
         seed = _count(parts[0], text, "seed", 0) if parts else None
         max_steps = _count(parts[1], text, "max_steps", 1) if len(parts) > 1 else None

@@ -8,6 +8,8 @@ Specs (the ``--conductor`` family; ordinals are the pool's workers in manifest o
   answers by a ``vote`` tool worker that this strategy appends to the pool (``conductor.workers.providers.vote``);
 - ``moa:p1+p2+...:agg`` (or ``moa:p1,p2,...:agg``) — Mixture-of-Agents, one layer: the proposers answer
   independently, the aggregator sees every proposal and writes the answer;
+- ``vote:p1+p2+...`` — the proposers answer independently, then the ``vote`` tool takes the majority (ties: the
+  first proposer's answer): different workers outvote a faulty one, where ``sc``'s attempts share its faults;
 - ``random[:seed[:max_steps]]`` — a random workflow per question: length uniform in 1..max_steps (default 5),
   each step's worker uniform over the pool, each step's access list uniform over the subsets of earlier steps.
 
@@ -35,6 +37,7 @@ from conductor.policy.spec import (
     SelfConsistencySpec,
     StrategyError,
     StrategySpec,
+    VoteSpec,
     as_conductor_spec,
     is_strategy_text,
 )
@@ -115,23 +118,34 @@ def self_consistency(worker: int, k: int, vote: int) -> FixedWorkflowPolicy:
     return FixedWorkflowPolicy(Workflow(tuple(steps)), name=f"sc:{worker}:{k}")
 
 
+def _proposals(proposers: list[int]) -> list[Step]:
+    """Independent answers (a repeated proposer gets a distinct attempt), none seeing another."""
+    return [Step(p, attempt_subtask(proposers[:j].count(p), proposers.count(p)), ()) for j, p in enumerate(proposers)]
+
+
 def mixture_of_agents(proposers: list[int], aggregator: int) -> FixedWorkflowPolicy:
-    """One MoA layer: proposers answer independently (a repeated proposer gets a distinct attempt), the
-    aggregator sees every proposal."""
-    steps = []
-    for j, p in enumerate(proposers):
-        seen = proposers[:j].count(p)
-        steps.append(Step(p, attempt_subtask(seen, proposers.count(p)), ()))
-    steps.append(Step(aggregator, AGGREGATE_SUBTASK, ALL))
+    """One MoA layer: proposers answer independently, the aggregator sees every proposal."""
+    steps = [*_proposals(proposers), Step(aggregator, AGGREGATE_SUBTASK, ALL)]
     label = "+".join(str(p) for p in proposers)
     return FixedWorkflowPolicy(Workflow(tuple(steps)), name=f"moa:{label}:{aggregator}")
 
 
+def majority_vote(proposers: list[int], vote: int) -> FixedWorkflowPolicy:
+    """The proposers answer independently, then the vote step (which sees all of them).
+
+    >>> [s.worker for s in majority_vote([0, 2, 3], 5).workflow.steps]
+    [0, 2, 3, 5]
+    """
+    steps = [*_proposals(proposers), Step(vote, VOTE_SUBTASK, ALL)]
+    return FixedWorkflowPolicy(Workflow(tuple(steps)), name="vote:" + "+".join(str(p) for p in proposers))
+
+
 def strategy_pool(spec: ConductorSpec | str, pool: Pool) -> Pool:
-    """The pool a strategy runs over: ``sc`` appends the vote tool worker (once); others use the pool as is."""
+    """The pool a strategy runs over: ``sc`` and ``vote`` append the vote tool worker (once); others use the pool
+    as is."""
     from conductor.workers.pool import Worker
 
-    if not isinstance(strategy_spec(spec), SelfConsistencySpec) or any(w.provider == "vote" for w in pool.workers):
+    if not isinstance(strategy_spec(spec), SelfConsistencySpec | VoteSpec) or any(w.provider == "vote" for w in pool.workers):
         return pool
     vote = Worker(name=VOTE_WORKER, provider="vote", model="majority-vote",
                   notes="Not a language model: returns the response whose extracted final answer is most common.")
@@ -156,15 +170,21 @@ def make_strategy(spec: ConductorSpec | str, pool: Pool) -> FixedWorkflowPolicy 
         case FixedSpec(worker=i):
             return FixedWorkflowPolicy.single_worker(_in_pool(i, n, typed))
         case SelfConsistencySpec(worker=i, k=k):
-            votes = [j for j, w in enumerate(pool.workers) if w.provider == "vote"]
-            if not votes:
-                raise StrategyError(f"strategy {str(typed)!r}: the pool has no vote worker (build it with strategy_pool)")
-            return self_consistency(_in_pool(i, n, typed), k, votes[0])
+            return self_consistency(_in_pool(i, n, typed), k, _vote_worker(pool, typed))
         case MixtureSpec(proposers=proposers, aggregator=agg):
             return mixture_of_agents([_in_pool(p, n, typed) for p in proposers], _in_pool(agg, n, typed))
+        case VoteSpec(proposers=proposers):
+            return majority_vote([_in_pool(p, n, typed) for p in proposers], _vote_worker(pool, typed))
         case RandomSpec(seed=seed, max_steps=max_steps):
             return RandomWorkflowPolicy(n, max_steps or DEFAULT_MAX_STEPS, seed or 0, name=str(typed))
     raise StrategyError(f"strategy {str(spec)!r}: expected {STRATEGY_FORMS}")
+
+
+def _vote_worker(pool: Pool, spec: StrategySpec) -> int:
+    votes = [j for j, w in enumerate(pool.workers) if w.provider == "vote"]
+    if not votes:
+        raise StrategyError(f"strategy {str(spec)!r}: the pool has no vote worker (build it with strategy_pool)")
+    return votes[0]
 
 
 def check_strategy(spec: ConductorSpec | str, pool: Pool, max_steps: int) -> None:

@@ -119,7 +119,7 @@ class AnswerConfig(RunConfig):
         "Conductor policy: auto (the champion if one was promoted, else embedded), embedded, "
         "transformers:DIR[#FILE.gguf], llamacpp:FILE.gguf, vllm:MODEL, openai:MODEL@URL, or champion (the "
         "registry's); or a baseline strategy (docs/strategies.md): fixed:I, sc:I:K, moa:P1+P2+...:AGG, "
-        "random[:SEED[:MAX_STEPS]]."))
+        "vote:P1+P2+..., random[:SEED[:MAX_STEPS]]."))
     samples: int = Field(1, ge=1, description="Conductor samples per question.")
     recursion_depth: int = Field(0, ge=0, description="Extra conductor rounds over its own answer.")
     limit: int | None = Field(None, ge=1, description="Answer only the first N questions.")

@@ -269,6 +269,7 @@ def check_conductor(spec: ConductorSpec | str, manifest: Pool, max_steps: int, f
         MixtureSpec,
         RandomSpec,
         SelfConsistencySpec,
+        VoteSpec,
         as_conductor_spec,
     )
     from conductor.policy.strategies import check_strategy
@@ -277,7 +278,7 @@ def check_conductor(spec: ConductorSpec | str, manifest: Pool, max_steps: int, f
     try:
         spec = as_conductor_spec(spec)
         match spec:
-            case FixedSpec() | SelfConsistencySpec() | MixtureSpec() | RandomSpec():
+            case FixedSpec() | SelfConsistencySpec() | MixtureSpec() | VoteSpec() | RandomSpec():
                 check_strategy(spec, manifest, max_steps)
             case AutoSpec() | ChampionSpec():
                 _check_champion(spec)

@@ -89,12 +89,13 @@ def conductor_policy(spec: ConductorSpec | str, in_process: bool = False,
         RandomSpec,
         SelfConsistencySpec,
         TransformersSpec,
+        VoteSpec,
         as_conductor_spec,
     )
 
     spec = as_conductor_spec(spec)
     match spec:
-        case FixedSpec() | SelfConsistencySpec() | MixtureSpec() | RandomSpec():
+        case FixedSpec() | SelfConsistencySpec() | MixtureSpec() | VoteSpec() | RandomSpec():
             from conductor.policy.strategies import StrategyError, make_strategy, strategy_pool
 
             if pool is None:
