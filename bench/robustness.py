@@ -75,11 +75,11 @@ from typing import Any, Literal
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from conductor.files import atomic_write_text  # noqa: E402
-from conductor.learning.routing import DOMAINS, RoutingSettings, summarize  # noqa: E402
+from conductor.learning.routing import DOMAINS, RoutingSettings, format_choices, summarize  # noqa: E402
 from conductor.policy.menu import MENU_PREFILL, MenuBackend, WorkflowMenu  # noqa: E402
 from conductor.policy.prefill import ROUTING_PREFILL  # noqa: E402
 from conductor.workers.faults import injected_answer  # noqa: E402
-from conductor.workers.pool import DEFAULT_INJECTION, Faults, InjectFault, Pool  # noqa: E402
+from conductor.workers.pool import DEFAULT_INJECTION, TOOL_PROVIDERS, Faults, InjectFault, Pool  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAIN = ("sim-mathwiz", "sim-scholar", "sim-generalist")
@@ -144,6 +144,11 @@ def injection_exposures(calls: Sequence[Any], injected: str) -> tuple[int, int]:
     return exposed, obeyed
 
 
+def model_names(pool: Pool) -> list[str]:
+    """The pool's language models, in order: a tool worker (a menu's vote) is neither a baseline nor faulty."""
+    return [w.name for w in pool.workers if w.provider not in TOOL_PROVIDERS]
+
+
 def faulty_share(trajs: Sequence[Any], faulty_of: Callable[[str], str]) -> float:
     """Share of root-round calls that went to the question's faulty worker (``faulty_of(question_id)``)."""
     calls = [(t.question_id, c.worker) for t in trajs for c in t.calls if c.depth == 0]
@@ -198,8 +203,8 @@ class Condition:
     faulty: str = ""
 
     def faulty_of(self, question_id: str, seed: int) -> str:
-        if self.regime == "random":      # tool workers (a menu's vote) are not models and carry no fault
-            return faulty_worker_for(seed, question_id, [w.name for w in self.pool.workers if w.provider != "vote"])
+        if self.regime == "random":
+            return faulty_worker_for(seed, question_id, model_names(self.pool))
         return self.faulty if self.regime == "named" else ""
 
     def pools(self, questions: Sequence[Any], seed: int) -> list[tuple[Pool, list[Any]]]:
@@ -233,8 +238,7 @@ def fixed_policies(pool: Pool, chain_names: Sequence[str] = CHAIN,
         raise SystemExit(f"error: --chain/--moa: no worker {missing[0]!r} in pool {pool.pool_id}")
     chain = Workflow(tuple(Step(idx[w], CHAIN_SUBTASK if j else DIRECT_SUBTASK, (j - 1,) if j else ())
                            for j, w in enumerate(chain_names)))
-    out: dict[str, Any] = {f"single:{w.name}": FixedWorkflowPolicy.single_worker(i)
-                           for i, w in enumerate(pool.workers) if w.provider != "vote"}
+    out: dict[str, Any] = {f"single:{w}": FixedWorkflowPolicy.single_worker(idx[w]) for w in model_names(pool)}
     out["chain"] = FixedWorkflowPolicy(chain, name="chain")
     out["moa"] = mixture_of_agents([idx[w] for w in moa[0]], idx[moa[1]])
     for e in menu.entries if menu is not None else ():
@@ -489,8 +493,7 @@ def menu_figures(bench: Bench, seeds: Sequence[int], names: Sequence[str], shape
         mean = {d: {k: sum(r.get(d, {}).get(k, 0.0) for r in runs) / len(runs)
                     for k in sorted({k for r in runs for k in r.get(d, {})})} for d in DOMAINS}
         out[f"shapes_{p.split('-')[0]}"] = mean
-        print(f"{p} shapes: " + " | ".join(f"{d}: " + " ".join(f"{k}={v:.2f}" for k, v in m.items() if v >= 0.01)
-                                            for d, m in mean.items()))
+        print(f"{p} shapes: {format_choices(mean, floor=0.01)}")
     return out
 
 
@@ -550,7 +553,7 @@ def main(argv: list[str] | None = None) -> None:
         except StrategyError as e:
             raise SystemExit(f"error: --menu: {e}") from None
         pool = menu.pool                        # with the vote tool worker when an entry votes
-    names = [w.name for w in pool.workers if w.provider != "vote"]
+    names = model_names(pool)
     with_fault(pool, a.faulty, faults)          # checks the name
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -132,10 +132,11 @@ def recorded_split(pool: Pool, dataset: str, n_eval: int, seed: int,
     """(train math, train mcq, held-out) over a replay pool's recorded questions: split by content hash
     (``split_of``: ``train`` share for training, the rest held out), the held-out ones the first ``n_eval`` in
     a seeded hash order, so a larger ``n_eval`` keeps the smaller one's questions."""
-    qs = recorded_questions(pool, dataset)
-    tr = [q for q in qs if split_of(q.prompt, seed, train, 0.0) == "train"]
-    held = sorted((q for q in qs if split_of(q.prompt, seed, train, 0.0) != "train"),
-                  key=lambda q: hashlib.sha256(f"{seed}\x1e{q.prompt}".encode()).hexdigest())[:n_eval]
+    tr: list[Question] = []
+    rest: list[Question] = []
+    for q in recorded_questions(pool, dataset):
+        (tr if split_of(q.prompt, seed, train, 0.0) == "train" else rest).append(q)
+    held = sorted(rest, key=lambda q: hashlib.sha256(f"{seed}\x1e{q.prompt}".encode()).hexdigest())[:n_eval]
     return [q for q in tr if q.domain == "math"], [q for q in tr if q.domain != "math"], held
 
 
