@@ -57,6 +57,7 @@ from conductor.cli import parse_cmd as _parse_cmd  # noqa: E402,F401
 from conductor.cli import pool_cmd as _pool_cmd  # noqa: E402,F401
 from conductor.cli import prompt_cmd as _prompt_cmd  # noqa: E402,F401
 from conductor.cli import query_cmd as _query_cmd  # noqa: E402,F401
+from conductor.cli import record_cmd as _record_cmd  # noqa: E402,F401
 from conductor.cli import serve_cmd as _serve_cmd  # noqa: E402,F401
 from conductor.cli import train_cmd as _train_cmd  # noqa: E402,F401
 

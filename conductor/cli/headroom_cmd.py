@@ -3,6 +3,10 @@
 Reads every worker's single-worker run (``fixed:i``, as ``conductor compare --strategies fixed:*`` writes them)
 from a lake, or runs them first through compare's machinery, and writes the headroom check
 (``conductor.stats.headroom``): headroom.json, headroom.md and headroom.png.
+
+``--options`` makes other strategies the options instead of the workers alone: a menu of workflows
+(``fixed:0,pot:0,chain:0:1,cascade:0+pot-0:0``) gets the same check, each entry's accuracy and dollars, the
+any-correct oracle over the entries and the cross-fit router that picks an entry per question (issue #47).
 """
 
 from __future__ import annotations
@@ -58,6 +62,45 @@ def single_worker_runs(labelled: list[tuple[str, str]]) -> tuple[list[tuple[int,
             continue
         picked[i] = (i, label, run_id)
     return [picked[i] for i in sorted(picked)], notes
+
+
+def option_runs(labelled: list[tuple[str, str]], options: list[str]) -> tuple[list[tuple[str, str]], list[str]]:
+    """(label, run id) of the first run of each option (a strategy label), in the options' order; notes on the rest.
+
+    >>> option_runs([("pot:0", "r1"), ("fixed:0", "r2"), ("pot:0#2", "r3"), ("conductor", "r4")], ["fixed:0", "pot:0"])
+    ([('fixed:0', 'r2'), ('pot:0', 'r1')], ['ignored run r3 (pot:0#2): pot:0 already read from run r1'])
+    """
+    first: dict[str, str] = {}
+    notes = []
+    for label, run_id in labelled:
+        base = label.partition("#")[0]
+        if base not in options:
+            continue
+        if base in first:
+            notes.append(f"ignored run {run_id} ({label}): {base} already read from run {first[base]}")
+            continue
+        first[base] = run_id
+    return [(o, first[o]) for o in options if o in first], notes
+
+
+def options_matrix(lake: str, labelled: list[tuple[str, str]], options: list[str]):  # -> OutcomeMatrix
+    """The outcome matrix of the lake's runs of ``options`` (strategies as the options, named by their spec)."""
+    from conductor.stats.headroom import OutcomeMatrix
+
+    runs, notes = option_runs(labelled, options)
+    if len(runs) < 2:
+        found = ", ".join(label for label, _ in labelled) or "none"
+        raise ValueError(f"lake {lake}: needs runs of at least two of the options {', '.join(options)} (runs: {found})")
+    rows: list[dict[str, Any]] = []
+    for label, run_id in runs:
+        frame = _frame(lake, run_id)
+        if not frame:
+            raise ValueError(f"lake {lake}: run {run_id} ({label}) has no answer trajectories")
+        rows += [{**r, "question_id": _key(r), "worker": label, "domain": r.get("domain") or r.get("dataset")}
+                 for r in frame]
+    matrix = OutcomeMatrix.from_rows(rows)
+    return OutcomeMatrix(matrix.question_ids, matrix.workers, matrix.correct, matrix.cost_usd, matrix.texts,
+                         matrix.domains, (*notes, *matrix.notes))
 
 
 def matrix_from_lake(lake: str, labelled: list[tuple[str, str]]):  # -> OutcomeMatrix
@@ -130,6 +173,9 @@ def headroom_cmd(
     cache: Path = typer.Option(None, "--cache", help="With QUESTIONS: one response cache for every worker (default: "
                                "one per worker under OUT/runs/)."),
     replay: bool = typer.Option(False, "--replay", help="Answer only from the cache; never call a provider."),
+    options: str = typer.Option("fixed:*", "--options", help="The options the router picks between: strategy specs, "
+                                "comma-separated (default fixed:*, every worker alone; e.g. a menu of workflows "
+                                "fixed:0,pot:0,chain:0:1,cascade:0+pot-0:0)."),
 ) -> None:
     """Run (or read) each worker alone and check the pool's headroom: per-worker accuracy and dollars, the
     random-mix line, the cross-fit routing oracle and the any-correct oracle with 95% intervals and paired tests,
@@ -137,7 +183,7 @@ def headroom_cmd(
     from conductor.cli.compare_cmd import _plan, _read_runs, _run_all, expand
     from conductor.data.datasets import DatasetError
     from conductor.data.questionset import load_questions
-    from conductor.run.compare import CompareError
+    from conductor.run.compare import CompareError, split_strategies
     from conductor.stats.headroom import headroom_report
     from conductor.workers.pool import PoolError, load_pool
 
@@ -155,13 +201,14 @@ def headroom_cmd(
             if not load_questions(questions, limit):
                 fail(f"{questions}: no questions to run")
             manifest = load_pool(pool)
-            plan = _plan(expand(["fixed:*"], len(manifest.workers)), "auto", manifest, 1)
+            plan = _plan(expand(split_strategies(options), len(manifest.workers)), "auto", manifest, 1)
             ran, _ = _run_all(plan, questions, out, lake, pool, limit=limit, shard_size=shard_size, seed=seed,
                               temperature=None, max_tokens=768, fewshot="auto", constrained=None,
                               cache=str(cache) if cache else None, replay=replay)
             ours = {run_id for _, run_id in ran}     # the lake's other runs stay reachable by --policy
             labelled = ran + [(label, r) for label, r in _read_runs(lake, None) if r not in ours]
-        matrix = matrix_from_lake(lake, labelled)
+        matrix = (matrix_from_lake(lake, labelled) if options.strip() == "fixed:*"
+                  else options_matrix(lake, labelled, split_strategies(options)))
         pol = policy_from_lake(lake, labelled, policy) if policy else None
         report = headroom_report(matrix, policy=pol, folds=folds, n_boot=n_boot, seed=seed, margin=margin,
                                  alpha=alpha, cost_weight=cost_weight)

@@ -48,8 +48,17 @@ CREATE TABLE IF NOT EXISTS responses (
     input_tokens INTEGER NOT NULL,
     output_tokens INTEGER NOT NULL,
     finish_reason TEXT,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    latency_s REAL
 )"""
+_COLUMNS = "key, provider, model, text, input_tokens, output_tokens, finish_reason, created, latency_s"
+
+
+def _add_latency_column(conn: sqlite3.Connection) -> None:
+    """Caches written before the ``latency_s`` column (2026-11-29) gain it, empty: their calls' seconds are unknown."""
+    cols = {row[1] for row in conn.execute("PRAGMA table_info(responses)")}
+    if "latency_s" not in cols:
+        conn.execute("ALTER TABLE responses ADD COLUMN latency_s REAL")
 
 
 def messages_hash(messages: list[Message]) -> str:
@@ -115,6 +124,7 @@ class ResponseCache:
             if self.mode != "replay" and self.mode != "read_only":
                 conn = connect_wal(self.path, self._busy_ms / 1000)
                 conn.execute(_SCHEMA)
+                _add_latency_column(conn)
             else:
                 conn = connect(self.path, self._busy_ms / 1000)
             self._local.conn = conn
@@ -122,20 +132,31 @@ class ResponseCache:
 
     # -- synchronous core (runs on the cache thread) --
     def _get(self, key: str) -> Completion | None:
+        conn = self._conn()
         try:
-            row = self._conn().execute(
-                "SELECT text, input_tokens, output_tokens, finish_reason FROM responses WHERE key=?", (key,)
-            ).fetchone()
+            row = conn.execute(f"SELECT text, input_tokens, output_tokens, finish_reason, {self._latency(conn)} "
+                               "FROM responses WHERE key=?", (key,)).fetchone()
         except sqlite3.OperationalError as e:
             if "no such table" in str(e):
                 return None
             raise
-        return None if row is None else Completion(row[0], int(row[1]), int(row[2]), row[3])
+        if row is None:
+            return None
+        return Completion(row[0], int(row[1]), int(row[2]), row[3], None if row[4] is None else float(row[4]))
+
+    def _latency(self, conn: sqlite3.Connection) -> str:
+        """The latency column's expression: NULL in a read-only cache written before the column existed."""
+        found = getattr(self._local, "latency_expr", None)
+        if found is None:
+            cols = {row[1] for row in conn.execute("PRAGMA table_info(responses)")}
+            found = self._local.latency_expr = "latency_s" if "latency_s" in cols or not cols else "NULL"
+        return str(found)
 
     def _put(self, key: str, provider: str, model: str, c: Completion) -> None:
         self._conn().execute(
-            "INSERT OR IGNORE INTO responses VALUES (?,?,?,?,?,?,?,?)",
-            (key, provider, model, redact(c.text), c.input_tokens, c.output_tokens, c.finish_reason, time.time()))
+            f"INSERT OR IGNORE INTO responses ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)",
+            (key, provider, model, redact(c.text), c.input_tokens, c.output_tokens, c.finish_reason, time.time(),
+             c.latency_s))
 
     # -- async API (used by the executor) --
     async def get(self, key: str) -> Completion | None:
@@ -216,10 +237,13 @@ def copy_responses(src: str | Path, dest: str | Path, busy_timeout_s: float = 60
         conn = connect_wal(str(dest), busy_timeout_s)
         try:
             conn.execute(_SCHEMA)
+            _add_latency_column(conn)
             conn.execute("ATTACH DATABASE ? AS src", (str(plain),))
             before = conn.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
-            conn.execute("INSERT OR IGNORE INTO responses SELECT key, provider, model, text, input_tokens, "
-                         "output_tokens, finish_reason, created FROM src.responses")
+            src_cols = {row[1] for row in conn.execute("PRAGMA src.table_info(responses)")}
+            latency = "latency_s" if "latency_s" in src_cols else "NULL"
+            conn.execute(f"INSERT OR IGNORE INTO responses ({_COLUMNS}) SELECT key, provider, model, text, "
+                         f"input_tokens, output_tokens, finish_reason, created, {latency} FROM src.responses")
             added = conn.execute("SELECT COUNT(*) FROM responses").fetchone()[0] - before
             conn.execute("DETACH DATABASE src")
         except sqlite3.DatabaseError as e:

@@ -18,6 +18,15 @@ Failure taxonomy:
   failure: a step that would start once the budget is spent is not run (its call
   record says so, ``error_kind="budget"``), nor is any step that sees it, and the
   round's answer is the output of the last step that ran (``RoundResult.budget_stop``).
+- a gate step (``provider: agree``) that accepts the answers it was shown replies with finish reason
+  ``SETTLED``: every later step that sees it is left out (no call, no call record) and the gate's reply is
+  the round's answer. That is how a cascade escalates only when its cheap answers disagree.
+
+Replay: a cache in ``replay`` mode never calls a language model; workers that are programs or recordings
+(``OFFLINE_PROVIDERS``: the python sandbox, the vote and agree tools, the replay provider) still run, so a menu
+recorded once replays whole, even an entry composed later from the recorded calls. A cache hit's
+``latency_s`` and cost are those of the recorded call when the cache kept its seconds (a replay stands in for
+the call it replays; ``Price.per_second`` prices local compute by them).
 Steps not yet started when a failure happens are not started; calls already in
 flight finish and are cached, so a rerun does not pay for them again.
 
@@ -44,6 +53,7 @@ from conductor.trajectory import CallRecord
 from conductor.workers.cost import call_cost
 from conductor.workers.faults import plan_faults
 from conductor.workers.providers.base import (
+    SETTLED,
     Completion,
     Message,
     Provider,
@@ -60,6 +70,9 @@ if TYPE_CHECKING:
     from conductor.workers.pool import SubPool, Worker
 
 log = redacting_logger("conductor.execution.executor")
+
+# Workers whose replies come from a program or a recording, never from a language model: a replay cache runs them.
+OFFLINE_PROVIDERS = frozenset({"python", "vote", "agree", "replay"})
 
 
 class AnswerSinks(Protocol):
@@ -154,8 +167,11 @@ class Executor:
     coalesce_identical_calls = True
 
     def __init__(self, *, cache: ResponseCache | None = None, limiter: RateLimiter | None = None,
-                 retry: RetryPolicy | None = None, budget: Budget | None = None):
+                 retry: RetryPolicy | None = None, budget: Budget | None = None, shared_samples: bool = False):
         self.cache = cache
+        # True: every sample of a question reads (and writes) the call of sample 0, so a GRPO group replays one
+        # recording of each worker call (a recording holds one reply per call); False: samples stay independent
+        self.shared_samples = shared_samples
         self._limiter_template = limiter or RateLimiter()
         self.limiter = self._limiter_template
         self.retry = retry or RetryPolicy()
@@ -223,7 +239,7 @@ class Executor:
         """The real reply: cached, shared with an identical call in flight, or fetched."""
         if self.cache is None:
             return await self._fetch(worker, messages, rec, sample_index, state, who, start, "")
-        key = cache_key(worker, messages, sample_index)
+        key = cache_key(worker, messages, 0 if self.shared_samples else sample_index)
         if not self.coalesce_identical_calls:
             return await self._fetch(worker, messages, rec, sample_index, state, who, start, key)
         shared = await self._reply_in_flight(key)
@@ -283,7 +299,7 @@ class Executor:
             hit = await self.cache.get(key)
             if hit is not None:
                 return self._reuse(hit, worker, rec, state, who, start)
-            if self.cache.mode == "replay":
+            if self.cache.mode == "replay" and worker.provider not in OFFLINE_PROVIDERS:
                 raise self.cache.miss_error(worker)
         state.admit(who)
         completion, retries = await self._call_provider(worker, messages, sample_index, state, who)
@@ -296,7 +312,7 @@ class Executor:
         self._fill(rec, worker, completion, start, cache_hit=False)
         state.dollars += rec.cost_usd
         if self.cache is not None:
-            await self.cache.put(key, worker, completion)
+            await self.cache.put(key, worker, dc_replace(completion, latency_s=rec.latency_s))
         return completion
 
     async def _call_provider(self, worker: Worker, messages: list[Message], sample_index: int,
@@ -345,9 +361,9 @@ class Executor:
         rec.finish_reason = c.finish_reason
         rec.input_tokens = c.input_tokens
         rec.output_tokens = c.output_tokens
-        rec.cost_usd = call_cost(worker, c.input_tokens, c.output_tokens)
         rec.cache_hit = cache_hit
-        rec.latency_s = time.perf_counter() - start
+        rec.latency_s = c.latency_s if cache_hit and c.latency_s is not None else time.perf_counter() - start
+        rec.cost_usd = call_cost(worker, c.input_tokens, c.output_tokens, seconds=rec.latency_s)
 
     # ------------------------------------------------------- one workflow
     async def run_workflow(self, question: str, workflow: Workflow, subpool: SubPool, *,
@@ -367,6 +383,7 @@ class Executor:
         done = [asyncio.Event() for _ in range(n)]
         failure: list[ProviderError] = []
         stopped: dict[int, str] = {}      # steps left out under the dollar budget -> why
+        settled: set[int] = set()         # gate steps that accepted their answers, and the steps left out after them
         prev = list(previous_round) if previous_round else None
         answer = ANSWER_STREAM.get()       # the last step's reply is the round's answer: streamed if asked
 
@@ -375,6 +392,9 @@ class Executor:
                 for d in deps[i]:
                     await done[d].wait()
                 if failure:
+                    return
+                if any(d in settled for d in deps[i]):
+                    settled.add(i)         # a gate before it accepted the answers: this step is not needed
                     return
                 step = workflow.steps[i]
                 worker = subpool.worker(step.worker)
@@ -401,6 +421,8 @@ class Executor:
                 finally:
                     _STEP_SINK.reset(streaming)
                 responses[i] = c.text
+                if c.finish_reason == SETTLED:
+                    settled.add(i)
             finally:
                 done[i].set()
 
@@ -416,4 +438,6 @@ class Executor:
             final = responses[max(responses)] if responses else None
             return RoundResult(calls, responses, final, budget_stop=redact(stopped[min(stopped)]))
         final = responses.get(n - 1) if n else None
+        if final is None and settled:   # the last step was left out after a gate: the gate's reply is the answer
+            final = responses[max(i for i in settled if i in responses)]
         return RoundResult(calls, responses, final)

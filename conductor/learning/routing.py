@@ -51,11 +51,13 @@ class RoutingSettings:
     constrain: bool = True
     batch_size: int = 8
     kl_beta: float = 0.0          # > 0: penalise KL to the starting policy, which keeps a collapsed choice exploring
+    cost_lambda: float = 0.0      # > 0: the success-gated cost objective (conductor.grading.objective)
 
 
 def make_routing_conductor(s: RoutingSettings, model_path: str | None = None) -> tuple[PolicyTrainer, PrefilledBackend]:
     """(trainer, policy): SmolLM2-135M (or a saved ``model_path``) and the prefilled, constrained backend that
     samples from the very model being trained. Raises SystemExit with the reason for inconsistent settings."""
+    from conductor.grading.objective import CostObjective
     from conductor.learning.grpo import GRPOConfig, PolicyTrainer
     from conductor.learning.grpo.checkpoint import ensure_hf_checkpoint
     from conductor.local.embedded import ensure_models
@@ -68,7 +70,8 @@ def make_routing_conductor(s: RoutingSettings, model_path: str | None = None) ->
     cfg = GRPOConfig.cpu(learning_rate=s.lr, lr_schedule=s.lr_schedule, min_lr_ratio=s.min_lr_ratio,
                          total_iterations=s.iterations, temperature=s.temperature,
                          micro_batch_size=s.micro_batch or s.group_size,
-                         seed=s.seed, max_completion_tokens=s.max_tokens + 256, kl_beta=s.kl_beta)
+                         seed=s.seed, max_completion_tokens=s.max_tokens + 256, kl_beta=s.kl_beta,
+                         objective=CostObjective(cost_lambda=s.cost_lambda))
     trainer = PolicyTrainer(model_path, cfg)
     inner = TransformersBackend(trainer.model, trainer.tokenizer, batch_size=s.batch_size)
     constraint = None

@@ -18,6 +18,9 @@ class Generation:
     logprobs: list[float] | None = None     # one per completion token, under the sampling policy
     finish_reason: str | None = None        # "stop" | "length"
     prompt_token_ids: list[int] | None = None
+    # Seconds the generation took when it was made; set on a generation read back from the response cache
+    # (conductor/policy/cached.py), so a replayed run's conductor time is the recorded one.
+    seconds: float | None = None
 
 
 @dataclass(frozen=True)

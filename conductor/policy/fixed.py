@@ -8,6 +8,7 @@ included. Spec: ``fixed:2`` (Model 2 answers the question directly).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from conductor.decoding.subtasks import DIRECT_SUBTASK
 from conductor.policy.base import Generation, GenerationParams
@@ -18,6 +19,7 @@ from conductor.workflow import Step, Workflow
 class FixedWorkflowPolicy:
     workflow: Workflow
     name: str = "fixed"
+    runs_a_model: ClassVar[bool] = False    # a replay may write its workflows: no model runs (policy/cached.py)
 
     @classmethod
     def single_worker(cls, ordinal: int, subtask: str = DIRECT_SUBTASK) -> FixedWorkflowPolicy:

@@ -81,10 +81,14 @@ class WorkflowMenu:
         names = [s.strip() for s in (specs.split(",") if isinstance(specs, str) else specs)]
         if not 1 <= len(names) <= MAX_ENTRIES:
             raise StrategyError(f"menu: {len(names)} entries; 1 to {MAX_ENTRIES} (single-token indices)")
+        try:      # the tool workers every entry needs, after the pool's own (their ordinals as for each alone)
+            pool = strategy_pool(names, pool)
+        except StrategyError as e:
+            bad = next((i for i, s in enumerate(names, 1) if _refused(s, pool)), 1)
+            raise StrategyError(f"menu entry {bad} {names[bad - 1]!r}: {e}") from None
         entries = []
         for i, s in enumerate(names, 1):
-            try:      # a vote entry appends the vote worker last: earlier entries' worker indices stay valid
-                pool = strategy_pool(s, pool)
+            try:
                 policy = make_strategy(s, pool)
             except StrategyError as e:
                 raise StrategyError(f"menu entry {i} {s!r}: {e}") from None
@@ -134,6 +138,17 @@ class WorkflowMenu:
             dom = counts.setdefault(t.domain, {})
             dom[spec] = dom.get(spec, 0) + 1
         return {d: {s: k / sum(c.values()) for s, k in sorted(c.items())} for d, c in sorted(counts.items())}
+
+
+def _refused(spec: str, pool: Pool) -> bool:
+    """Whether ``spec`` alone is refused over ``pool`` (to name the bad entry of a menu)."""
+    from conductor.policy.strategies import strategy_pool
+
+    try:
+        strategy_pool(spec, pool)
+    except StrategyError:
+        return True
+    return False
 
 
 class MenuBackend:

@@ -21,7 +21,14 @@ The grammar (the head is case-insensitive; surrounding whitespace is dropped)::
     sc:I:K                             baseline: self-consistency, K samples of worker I and a majority vote
     moa:P1+P2+...:AGG                  baseline: one Mixture-of-Agents layer (``,`` also separates proposers)
     vote:P1+P2+...                     baseline: the proposers answer independently, then a majority vote
+    pot:I                              baseline: program of thought, worker I writes a program, python runs it
+    chain:I:R                          baseline: I reasons and writes a program, python runs it, R reports
+    cascade:A+B+...:J                  baseline: cheap answers; when they all agree accept, else J decides
     random[:SEED[:MAX_STEPS]]          baseline: a random workflow per question
+
+A proposer of ``vote`` and a cheap answer of ``cascade`` is an *answer item*: ``I`` (worker I answers alone),
+``pot-I`` or ``chain-I-R`` (those strategies' steps), so a vote or a cascade can combine different kinds of
+answers (``vote:0+pot-0+chain-0-1``, ``cascade:0+pot-0:0``).
 
 Worker ordinals are checked against a pool where the pool is known (conductor/policy/strategies.py), and
 files, packages and key variables where a run is prepared (conductor/policy/factory.py ``check_spec``);
@@ -38,11 +45,13 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSeriali
 from pydantic_core import PydanticCustomError
 
 BACKENDS = ("embedded", "llamacpp", "transformers", "vllm", "openai")
-STRATEGIES = ("fixed", "sc", "moa", "vote", "random")
+STRATEGIES = ("fixed", "sc", "moa", "vote", "random", "pot", "chain", "cascade")
 DEFAULT_RANDOM_MAX_STEPS = 5   # conductor.workflow.DEFAULT_MAX_STEPS (not imported: this module stays leaf-light)
 EXPECTED = ("auto, champion[@REGISTRY], embedded[:NAME], llamacpp:FILE.gguf, transformers:DIR[#FILE.gguf], "
-            "vllm:MODEL, openai:MODEL[@URL][#KEY_ENV], fixed:I, sc:I:K, moa:P1+P2+...:AGG, vote:P1+P2+..., random[:SEED[:MAX_STEPS]]")
-STRATEGY_FORMS = "fixed:I, sc:I:K, moa:P1+P2+...:AGG, vote:P1+P2+... or random[:SEED[:MAX_STEPS]]"
+            "vllm:MODEL, openai:MODEL[@URL][#KEY_ENV], fixed:I, sc:I:K, moa:P1+P2+...:AGG, vote:P1+P2+..., random[:SEED[:MAX_STEPS]], "
+            "pot:I, chain:I:R, cascade:A+B+...:J")
+STRATEGY_FORMS = ("fixed:I, sc:I:K, moa:P1+P2+...:AGG, vote:P1+P2+..., random[:SEED[:MAX_STEPS]], pot:I, chain:I:R "
+                  "or cascade:A+B+...:J")
 _ORDINAL = re.compile(r"[0-9]+")
 _KEY_ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -301,19 +310,91 @@ class MixtureSpec(_StrategySpec):
         return f"moa:{'+'.join(map(str, self.proposers))}:{self.aggregator}"
 
 
-class VoteSpec(_StrategySpec):
-    """``vote:P1+P2+...``: the proposers answer independently, then a majority vote over their answers. Unlike
-    ``sc`` (attempts of ONE worker, which share its faults), different workers outvote a faulty one."""
+class ProgramSpec(_StrategySpec):
+    """``pot:I``: program of thought: worker I writes a program that prints the answer, the python tool runs it,
+    and the printout is the answer (two steps; the pool needs a ``provider: python`` worker)."""
 
-    kind: Literal["vote"] = "vote"
-    proposers: tuple[Annotated[int, Field(ge=0)], ...] = Field(min_length=2)
+    kind: Literal["pot"] = "pot"
+    worker: int = Field(ge=0)
 
     @property
     def steps_needed(self) -> int:
-        return len(self.proposers) + 1
+        return 2
 
     def __str__(self) -> str:
-        return f"vote:{'+'.join(map(str, self.proposers))}"
+        return f"pot:{self.worker}"
+
+
+class ChainSpec(_StrategySpec):
+    """``chain:I:R``: the untrained default's calculation pattern as a fixed workflow: worker I works the solution
+    out in words and then as a program, the python tool runs it, and reporter R states the printed result (or
+    the reasoning's, when the program failed)."""
+
+    kind: Literal["chain"] = "chain"
+    worker: int = Field(ge=0)
+    reporter: int = Field(ge=0)
+
+    @property
+    def steps_needed(self) -> int:
+        return 3
+
+    def __str__(self) -> str:
+        return f"chain:{self.worker}:{self.reporter}"
+
+
+# An answer item: a worker alone (an ordinal), a program of thought or a chain, as one part of a vote or a cascade.
+AnswerItem = Annotated[int, Field(ge=0)] | ProgramSpec | ChainSpec
+
+
+def item_text(item: int | ProgramSpec | ChainSpec) -> str:
+    """An answer item as it is written inside ``vote:`` and ``cascade:`` (``-`` instead of ``:``).
+
+    >>> item_text(2), item_text(ProgramSpec(worker=0)), item_text(ChainSpec(worker=0, reporter=1))
+    ('2', 'pot-0', 'chain-0-1')
+    """
+    return str(item).replace(":", "-")
+
+
+def item_steps(item: int | ProgramSpec | ChainSpec) -> int:
+    """How many steps an answer item writes.
+
+    >>> item_steps(3), item_steps(ChainSpec(worker=0, reporter=1))
+    (1, 3)
+    """
+    return 1 if isinstance(item, int) else item.steps_needed
+
+
+class VoteSpec(_StrategySpec):
+    """``vote:P1+P2+...``: the proposers answer independently, then a majority vote over their answers. Unlike
+    ``sc`` (attempts of ONE worker, which share its faults), different workers outvote a faulty one. A proposer
+    is an answer item, so different KINDS of answers can vote too (``vote:0+pot-0+chain-0-1``)."""
+
+    kind: Literal["vote"] = "vote"
+    proposers: tuple[AnswerItem, ...] = Field(min_length=2)
+
+    @property
+    def steps_needed(self) -> int:
+        return sum(item_steps(p) for p in self.proposers) + 1
+
+    def __str__(self) -> str:
+        return f"vote:{'+'.join(map(item_text, self.proposers))}"
+
+
+class CascadeSpec(_StrategySpec):
+    """``cascade:A+B+...:J``: the cheap answer items run independently; a gate (``provider: agree``) accepts
+    their answer when they all agree, and only otherwise does worker J decide, seeing them all (Yue et al.
+    2023's mixture-of-thought cascade: ``cascade:0+pot-0:J`` with J a stronger model)."""
+
+    kind: Literal["cascade"] = "cascade"
+    cheap: tuple[AnswerItem, ...] = Field(min_length=2)
+    decider: int = Field(ge=0)
+
+    @property
+    def steps_needed(self) -> int:
+        return sum(item_steps(p) for p in self.cheap) + 2
+
+    def __str__(self) -> str:
+        return f"cascade:{'+'.join(map(item_text, self.cheap))}:{self.decider}"
 
 
 class RandomSpec(_StrategySpec):
@@ -337,8 +418,10 @@ class RandomSpec(_StrategySpec):
         return ":".join(["random", *(str(v) for v in (self.seed, self.max_steps) if v is not None)])
 
 
+StrategyBase = _StrategySpec   # every baseline spec's class (``case StrategyBase():`` matches them all)
 BackendSpec = EmbeddedSpec | LlamaCppSpec | TransformersSpec | VllmSpec | OpenAISpec
-StrategySpec = FixedSpec | SelfConsistencySpec | MixtureSpec | VoteSpec | RandomSpec
+StrategySpec = (FixedSpec | SelfConsistencySpec | MixtureSpec | VoteSpec | RandomSpec | ProgramSpec | ChainSpec
+                | CascadeSpec)
 ConductorSpec = Annotated[AutoSpec | ChampionSpec | BackendSpec | StrategySpec, Field(discriminator="kind")]
 BACKEND_SPECS = (EmbeddedSpec, LlamaCppSpec, TransformersSpec, VllmSpec, OpenAISpec)
 
@@ -364,7 +447,7 @@ def parse_conductor_spec(text: str) -> ConductorSpec:
     >>> parse_conductor_spec("x")
     Traceback (most recent call last):
     ...
-    conductor.policy.spec.ConductorSpecError: conductor spec 'x': unknown spec (expected one of auto, champion[@REGISTRY], embedded[:NAME], llamacpp:FILE.gguf, transformers:DIR[#FILE.gguf], vllm:MODEL, openai:MODEL[@URL][#KEY_ENV], fixed:I, sc:I:K, moa:P1+P2+...:AGG, vote:P1+P2+..., random[:SEED[:MAX_STEPS]])
+    conductor.policy.spec.ConductorSpecError: conductor spec 'x': unknown spec (expected one of auto, champion[@REGISTRY], embedded[:NAME], llamacpp:FILE.gguf, transformers:DIR[#FILE.gguf], vllm:MODEL, openai:MODEL[@URL][#KEY_ENV], fixed:I, sc:I:K, moa:P1+P2+...:AGG, vote:P1+P2+..., random[:SEED[:MAX_STEPS]], pot:I, chain:I:R, cascade:A+B+...:J)
     """
     if not isinstance(text, str):
         raise ConductorSpecError(f"conductor spec {text!r}: expected text, got {type(text).__name__}")
@@ -424,15 +507,37 @@ def _strategy(text: str, kind: str, rest: str | None) -> StrategySpec:
         proposers = tuple(_ordinal(p, text) for p in parts[0].replace("+", ",").split(","))
         return MixtureSpec(proposers=proposers, aggregator=_ordinal(parts[1], text))
     if kind == "vote" and len(parts) == 1:
-        voters = tuple(_ordinal(p, text) for p in parts[0].replace("+", ",").split(","))
+        voters = tuple(_item(p, text) for p in parts[0].replace("+", ",").split(","))
         if len(voters) < 2:
             raise StrategyError(f"strategy {text!r}: a vote needs at least two proposers")
         return VoteSpec(proposers=voters)
+    if kind == "pot" and len(parts) == 1:
+        return ProgramSpec(worker=_ordinal(parts[0], text))
+    if kind == "chain" and len(parts) == 2:
+        return ChainSpec(worker=_ordinal(parts[0], text), reporter=_ordinal(parts[1], text))
+    if kind == "cascade" and len(parts) == 2:
+        cheap = tuple(_item(p, text) for p in parts[0].split("+"))
+        if len(cheap) < 2:
+            raise StrategyError(f"strategy {text!r}: a cascade needs at least two cheap answers to compare")
+        return CascadeSpec(cheap=cheap, decider=_ordinal(parts[1], text))
     if kind == "random" and len(parts) <= 2:
         seed = _count(parts[0], text, "seed", 0) if parts else None
         max_steps = _count(parts[1], text, "max_steps", 1) if len(parts) > 1 else None
         return RandomSpec(seed=seed, max_steps=max_steps)
     raise StrategyError(f"strategy {text!r}: expected {STRATEGY_FORMS}")
+
+
+def _item(part: str, text: str) -> int | ProgramSpec | ChainSpec:
+    """An answer item: ``I``, ``pot-I`` or ``chain-I-R``."""
+    head, _, rest = part.strip().partition("-")
+    if head == "pot" and rest:
+        return ProgramSpec(worker=_ordinal(rest, text))
+    if head == "chain" and rest.count("-") == 1:
+        worker, reporter = rest.split("-")
+        return ChainSpec(worker=_ordinal(worker, text), reporter=_ordinal(reporter, text))
+    if head in ("pot", "chain"):
+        raise StrategyError(f"strategy {text!r}: {part!r}: expected pot-I or chain-I-R")
+    return _ordinal(part, text)
 
 
 def _ordinal(part: str, text: str) -> int:

@@ -10,29 +10,44 @@ Specs (the ``--conductor`` family; ordinals are the pool's workers in manifest o
   independently, the aggregator sees every proposal and writes the answer;
 - ``vote:p1+p2+...`` — the proposers answer independently, then the ``vote`` tool takes the majority (ties: the
   first proposer's answer): different workers outvote a faulty one, where ``sc``'s attempts share its faults;
+- ``pot:i`` — program of thought: worker i writes a program that prints the answer, the pool's ``python`` tool
+  worker runs it, and the printout is the answer;
+- ``chain:i:r`` — the untrained default's calculation pattern as a fixed workflow: worker i reasons and writes a
+  program following its steps, the python tool runs it, reporter r states the result (the subtasks are the
+  informed examples' own, ``data/fewshot/informed.yaml``, so these calls are the default conductor's calls);
+- ``vote:a+b+...`` and ``cascade:a+b+...:j`` over *answer items* (``i``, ``pot-i``, ``chain-i-r``): a vote of
+  different kinds of answers; a cascade whose ``agree`` gate accepts the cheap answers when they agree, and
+  only otherwise lets worker j decide (``conductor.workers.providers.agree``);
 - ``random[:seed[:max_steps]]`` — a random workflow per question: length uniform in 1..max_steps (default 5),
   each step's worker uniform over the pool, each step's access list uniform over the subsets of earlier steps.
 
 Repeated calls of one worker get distinct subtasks ("independent attempt j of k"), so they are distinct
 requests with distinct cache keys: k samples never collapse into one cached reply, and a rerun reads back
 the same k replies. The first attempt's subtask is the single-worker subtask, so ``sc:i:k`` reuses
-``fixed:i``'s cached call. Strategies see the whole pool: do not combine them with ``--k`` sub-pools.
+``fixed:i``'s cached call. Likewise an answer item inside a vote or a cascade renders exactly the messages of the
+same strategy alone (a worker's message names earlier steps by worker, not by position), so a menu recorded
+once shares every call between its entries. Strategies see the whole pool: do not combine them with ``--k``
+sub-pools.
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from conductor.policy.base import Generation, GenerationParams
 from conductor.policy.fixed import DIRECT_SUBTASK, FixedWorkflowPolicy
 from conductor.policy.spec import (
     STRATEGY_FORMS,
+    CascadeSpec,
+    ChainSpec,
     ConductorSpec,
     FixedSpec,
     MixtureSpec,
+    ProgramSpec,
     RandomSpec,
     SelfConsistencySpec,
     StrategyError,
@@ -48,6 +63,21 @@ if TYPE_CHECKING:
 
 VOTE_WORKER = "majority-vote"
 VOTE_SUBTASK = "Take a majority vote over the final answers above."
+GATE_WORKER = "agree-gate"
+GATE_SUBTASK = "Accept the answer above if every response gives the same final answer."
+DECIDE_SUBTASK = ("Different methods above reached different answers to the user question. Check them critically, "
+                  "work out the correct answer, and write one final answer. Follow the question's instructions on "
+                  "the answer format exactly.")
+PROGRAM_SUBTASK = ("Write a short Python program that computes the answer to the user question and prints only the "
+                   "final answer (for a multiple-choice question, the letter of the correct option), in one python "
+                   "code block. Do not write its output.")
+RUN_SUBTASK = "Run the program."
+# The informed examples' calculation pattern (data/fewshot/informed.yaml), word for word: chain:i:r's calls are
+# the untrained default conductor's own calls (tests/test_workflow_menu.py checks they stay equal).
+REASON_SUBTASK = ("Work out the solution step by step in a few short sentences. Then write a short Python program "
+                  "that follows your steps and prints the result, in one python code block. Do not write its output.")
+REPORT_SUBTASK = ("Give the final answer in the format the question asks for: the program's printed result or, if "
+                  "the program failed, the result the reasoning above reached.")
 AGGREGATE_SUBTASK = ("You are shown answers to the user question from several other models; some may be wrong. "
                      "Check them critically, work out the correct answer, and write one final answer. "
                      "Follow the question's instructions on the answer format exactly.")
@@ -93,6 +123,7 @@ class RandomWorkflowPolicy:
     max_steps: int = DEFAULT_MAX_STEPS
     seed: int = 0
     name: str = "random"
+    runs_a_model: ClassVar[bool] = False    # a replay may write its workflows: no model runs (policy/cached.py)
 
     def workflow(self, prompt: str, sample: int, run_seed: int | None = None) -> Workflow:
         digest = hashlib.sha256(f"{self.seed}\x1f{run_seed}\x1f{sample}\x1f{prompt}".encode()).digest()
@@ -140,16 +171,105 @@ def majority_vote(proposers: list[int], vote: int) -> FixedWorkflowPolicy:
     return FixedWorkflowPolicy(Workflow(tuple(steps)), name="vote:" + "+".join(str(p) for p in proposers))
 
 
-def strategy_pool(spec: ConductorSpec | str, pool: Pool) -> Pool:
-    """The pool a strategy runs over: ``sc`` and ``vote`` append the vote tool worker (once); others use the pool
-    as is."""
+@dataclass(frozen=True)
+class Ordinals:
+    """The pool positions an answer item's steps need: the python tool, and the bound on language models."""
+
+    n_models: int
+    python: int | None
+
+
+def item_steps(item: int | ProgramSpec | ChainSpec, at: int, where: Ordinals, spec: StrategySpec) -> list[Step]:
+    """An answer item's steps, placed from step ``at`` on (access lists point at absolute step indices); the last
+    of them holds the item's answer.
+
+    >>> where = Ordinals(n_models=3, python=3)
+    >>> [(s.worker, s.access) for s in item_steps(ChainSpec(worker=0, reporter=1), 4, where, ChainSpec(worker=0, reporter=1))]
+    [(0, ()), (3, (4,)), (1, (4, 5))]
+    """
+    if isinstance(item, int):
+        return [Step(_in_pool(item, where.n_models, spec), DIRECT_SUBTASK, ())]
+    tool = _python_worker(where, spec)
+    if isinstance(item, ProgramSpec):
+        return [Step(_in_pool(item.worker, where.n_models, spec), PROGRAM_SUBTASK, ()),
+                Step(tool, RUN_SUBTASK, (at,))]
+    return [Step(_in_pool(item.worker, where.n_models, spec), REASON_SUBTASK, ()),
+            Step(tool, RUN_SUBTASK, (at,)),
+            Step(_in_pool(item.reporter, where.n_models, spec), REPORT_SUBTASK, (at, at + 1))]
+
+
+def answers(items: Sequence[int | ProgramSpec | ChainSpec], where: Ordinals,
+            spec: StrategySpec) -> tuple[list[Step], tuple[int, ...]]:
+    """The steps of several independent answer items, one after another, and the index of each item's answer."""
+    steps: list[Step] = []
+    finals: list[int] = []
+    for item in items:
+        steps += item_steps(item, len(steps), where, spec)
+        finals.append(len(steps) - 1)
+    return steps, tuple(finals)
+
+
+def _python_worker(where: Ordinals, spec: StrategySpec) -> int:
+    if where.python is None:
+        raise StrategyError(f"strategy {str(spec)!r}: the pool has no python tool worker (provider: python) to run "
+                            "the program")
+    return where.python
+
+
+def kinds_vote(spec: VoteSpec, where: Ordinals, vote: int) -> FixedWorkflowPolicy:
+    """A vote over answer items of different kinds (direct, program of thought, chain)."""
+    steps, finals = answers(spec.proposers, where, spec)
+    steps.append(Step(vote, VOTE_SUBTASK, finals))
+    return FixedWorkflowPolicy(Workflow(tuple(steps)), name=str(spec))
+
+
+def cascade(spec: CascadeSpec, where: Ordinals, gate: int) -> FixedWorkflowPolicy:
+    """The cheap answers, the agree gate over them, then the decider, which sees them and the gate's note and is
+    left out by the executor when the gate accepts.
+
+    >>> where = Ordinals(n_models=3, python=3)
+    >>> from conductor.policy.spec import parse_conductor_spec
+    >>> wf = cascade(parse_conductor_spec("cascade:0+pot-0:1"), where, 5).workflow
+    >>> [(s.worker, s.access) for s in wf.steps]
+    [(0, ()), (0, ()), (3, (1,)), (5, (0, 2)), (1, (0, 2, 3))]
+    """
+    steps, finals = answers(spec.cheap, where, spec)
+    gate_at = len(steps)
+    steps.append(Step(gate, GATE_SUBTASK, finals))
+    steps.append(Step(_in_pool(spec.decider, where.n_models, spec), DECIDE_SUBTASK, (*finals, gate_at)))
+    return FixedWorkflowPolicy(Workflow(tuple(steps)), name=str(spec))
+
+
+def strategy_pool(spec: ConductorSpec | str | Sequence[ConductorSpec | str], pool: Pool) -> Pool:
+    """The pool a strategy (or every entry of a menu) runs over: the pool's own workers, then the agree gate when a
+    ``cascade`` needs it, then the vote tool when ``sc`` or ``vote`` needs it (each once).
+
+    The gate always sits right after the pool's own workers, so a cascade's decider, which sees the gate's step
+    (named by its worker ordinal), gets the same message alone and inside any menu: a recording made with one
+    replays with the other. The vote step is seen by no later step, so its ordinal never reaches a message.
+
+    >>> from conductor.workers.pool import Pool, Worker
+    >>> p = Pool(pool_id="p", workers=[Worker(name=n, provider="simulated", model=n) for n in "ab"])
+    >>> [w.provider for w in strategy_pool(["sc:0:3", "cascade:0+1:0"], p).workers]
+    ['simulated', 'simulated', 'agree', 'vote']
+    >>> [w.provider for w in strategy_pool("cascade:0+1:0", p).workers]
+    ['simulated', 'simulated', 'agree']
+    """
     from conductor.workers.pool import Worker
 
-    if not isinstance(strategy_spec(spec), SelfConsistencySpec | VoteSpec) or any(w.provider == "vote" for w in pool.workers):
-        return pool
-    vote = Worker(name=VOTE_WORKER, provider="vote", model="majority-vote",
-                  notes="Not a language model: returns the response whose extracted final answer is most common.")
-    return pool.model_copy(update={"workers": (*pool.workers, vote)})
+    specs = [spec] if isinstance(spec, str) or not isinstance(spec, Sequence) else list(spec)
+    typed = [strategy_spec(s) for s in specs]
+    own = [w for w in pool.workers if w.provider not in ("vote", "agree")]
+    gates = [w for w in pool.workers if w.provider == "agree"]
+    votes = [w for w in pool.workers if w.provider == "vote"]
+    if any(isinstance(t, CascadeSpec) for t in typed) and not gates:
+        gates = [Worker(name=GATE_WORKER, provider="agree", model="agree-gate",
+                        notes="Not a language model: accepts the answers it is shown when they all agree.")]
+    if any(isinstance(t, SelfConsistencySpec | VoteSpec) for t in typed) and not votes:
+        votes = [Worker(name=VOTE_WORKER, provider="vote", model="majority-vote",
+                        notes="Not a language model: returns the response whose extracted final answer is most common.")]
+    workers = (*own, *gates[:1], *votes[:1])
+    return pool if workers == tuple(pool.workers) else pool.model_copy(update={"workers": workers})
 
 
 def steps_needed(spec: ConductorSpec | str) -> int:
@@ -165,7 +285,10 @@ def steps_needed(spec: ConductorSpec | str) -> int:
 def make_strategy(spec: ConductorSpec | str, pool: Pool) -> FixedWorkflowPolicy | RandomWorkflowPolicy:
     """The policy for a strategy spec over ``pool`` (as returned by ``strategy_pool``); StrategyError if unusable."""
     typed = strategy_spec(spec)
-    n = sum(1 for w in pool.workers if w.provider != "vote")      # the vote worker is the strategy's, not the pool's
+    # the vote and gate workers are the strategies', not the pool's (appended last)
+    n = sum(1 for w in pool.workers if w.provider not in ("vote", "agree"))
+    python = next((j for j, w in enumerate(pool.workers) if w.provider == "python"), None)
+    where = Ordinals(n, python)
     match typed:
         case FixedSpec(worker=i):
             return FixedWorkflowPolicy.single_worker(_in_pool(i, n, typed))
@@ -173,18 +296,30 @@ def make_strategy(spec: ConductorSpec | str, pool: Pool) -> FixedWorkflowPolicy 
             return self_consistency(_in_pool(i, n, typed), k, _vote_worker(pool, typed))
         case MixtureSpec(proposers=proposers, aggregator=agg):
             return mixture_of_agents([_in_pool(p, n, typed) for p in proposers], _in_pool(agg, n, typed))
-        case VoteSpec(proposers=proposers):
-            return majority_vote([_in_pool(p, n, typed) for p in proposers], _vote_worker(pool, typed))
+        case VoteSpec(proposers=proposers) if all(isinstance(p, int) for p in proposers):
+            return majority_vote([_in_pool(p, n, typed) for p in proposers if isinstance(p, int)],
+                                 _vote_worker(pool, typed))
+        case VoteSpec():
+            return kinds_vote(typed, where, _vote_worker(pool, typed))
+        case ProgramSpec() | ChainSpec():
+            steps, _ = answers([typed], where, typed)
+            return FixedWorkflowPolicy(Workflow(tuple(steps)), name=str(typed))
+        case CascadeSpec():
+            return cascade(typed, where, _tool_worker(pool, typed, "agree"))
         case RandomSpec(seed=seed, max_steps=max_steps):
             return RandomWorkflowPolicy(n, max_steps or DEFAULT_MAX_STEPS, seed or 0, name=str(typed))
     raise StrategyError(f"strategy {str(spec)!r}: expected {STRATEGY_FORMS}")
 
 
 def _vote_worker(pool: Pool, spec: StrategySpec) -> int:
-    votes = [j for j, w in enumerate(pool.workers) if w.provider == "vote"]
-    if not votes:
-        raise StrategyError(f"strategy {str(spec)!r}: the pool has no vote worker (build it with strategy_pool)")
-    return votes[0]
+    return _tool_worker(pool, spec, "vote")
+
+
+def _tool_worker(pool: Pool, spec: StrategySpec, provider: str) -> int:
+    found = [j for j, w in enumerate(pool.workers) if w.provider == provider]
+    if not found:
+        raise StrategyError(f"strategy {str(spec)!r}: the pool has no {provider} worker (build it with strategy_pool)")
+    return found[0]
 
 
 def check_strategy(spec: ConductorSpec | str, pool: Pool, max_steps: int) -> None:

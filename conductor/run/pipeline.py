@@ -124,7 +124,7 @@ def generate(trajectories: list[Trajectory], policy: PolicyBackend, spec: RunSpe
         for prompt, gens in zip(prompts, outputs):
             for t, g in zip(groups[prompt], gens):
                 _fill_round(t.rounds[0], g)
-                t.conductor_s = share
+                t.conductor_s = share if g.seconds is None else g.seconds
     return trajectories
 
 

@@ -265,11 +265,7 @@ def check_conductor(spec: ConductorSpec | str, manifest: Pool, max_steps: int, f
         AutoSpec,
         ChampionSpec,
         ConductorSpecError,
-        FixedSpec,
-        MixtureSpec,
-        RandomSpec,
-        SelfConsistencySpec,
-        VoteSpec,
+        StrategyBase,
         as_conductor_spec,
     )
     from conductor.policy.strategies import check_strategy
@@ -278,7 +274,7 @@ def check_conductor(spec: ConductorSpec | str, manifest: Pool, max_steps: int, f
     try:
         spec = as_conductor_spec(spec)
         match spec:
-            case FixedSpec() | SelfConsistencySpec() | MixtureSpec() | VoteSpec() | RandomSpec():
+            case StrategyBase():
                 check_strategy(spec, manifest, max_steps)
             case AutoSpec() | ChampionSpec():
                 _check_champion(spec)

@@ -84,18 +84,14 @@ def conductor_policy(spec: ConductorSpec | str, in_process: bool = False,
         AutoSpec,
         ChampionSpec,
         EmbeddedSpec,
-        FixedSpec,
-        MixtureSpec,
-        RandomSpec,
-        SelfConsistencySpec,
+        StrategyBase,
         TransformersSpec,
-        VoteSpec,
         as_conductor_spec,
     )
 
     spec = as_conductor_spec(spec)
     match spec:
-        case FixedSpec() | SelfConsistencySpec() | MixtureSpec() | VoteSpec() | RandomSpec():
+        case StrategyBase():
             from conductor.policy.strategies import StrategyError, make_strategy, strategy_pool
 
             if pool is None:

@@ -21,8 +21,9 @@ BATCH_DISCOUNT = 0.5   # OpenAI Batch, Anthropic Message Batches and Gemini batc
 
 
 def call_cost(worker: Worker, input_tokens: int, output_tokens: int, *, cached_input_tokens: int = 0,
-              batch: bool = False) -> float:
-    """Dollars for one call of ``worker``.
+              batch: bool = False, seconds: float = 0.0) -> float:
+    """Dollars for one call of ``worker``: its tokens at the token prices, plus ``seconds`` of wall time at
+    ``per_second`` (local compute, priced as the machine it runs on costs: docs/workflow-replay.md).
 
     ``cached_input_tokens`` (a part of ``input_tokens``) are billed at ``cached_input_per_mtok`` (default: the
     input price); ``batch`` bills at the batch prices (default: half the list prices), prompt-cache reads at the
@@ -38,10 +39,14 @@ def call_cost(worker: Worker, input_tokens: int, output_tokens: int, *, cached_i
     ...            price=Price(input_per_mtok=2, output_per_mtok=8, cached_input_per_mtok=0.5))
     >>> call_cost(c, 1000, 500, cached_input_tokens=400), call_cost(c, 1000, 500, cached_input_tokens=400, batch=True)
     (0.0054, 0.0027)
+    >>> local = Worker(name="l", provider="local", model="m", price=Price(per_second=0.0001))
+    >>> call_cost(local, 500, 200, seconds=12.5)
+    0.00125
     """
     p = worker.price
+    compute = round(max(seconds, 0.0) * p.per_second, 10) if p.per_second else 0.0
     if not cached_input_tokens and not batch:
-        return p.cost(input_tokens, output_tokens)
+        return round(p.cost(input_tokens, output_tokens) + compute, 10)
     in_rate, out_rate = p.input_per_mtok, p.output_per_mtok
     cached_rate = p.cached_input_per_mtok if p.cached_input_per_mtok is not None else in_rate
     if batch:
@@ -51,7 +56,7 @@ def call_cost(worker: Worker, input_tokens: int, output_tokens: int, *, cached_i
         in_rate, out_rate = b_in, b_out
     cached = min(max(cached_input_tokens, 0), input_tokens)
     dollars = (input_tokens - cached) * in_rate + cached * cached_rate + output_tokens * out_rate
-    return round(dollars / 1e6, 10)
+    return round(dollars / 1e6 + compute, 10)
 
 
 @dataclass

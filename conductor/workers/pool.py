@@ -21,7 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ProviderName = Literal["openai", "anthropic", "google", "openai_compatible", "local", "conductor", "simulated",
-                       "python", "vote", "replay"]
+                       "python", "vote", "agree", "replay"]
 BATCH_PROVIDERS = ("openai", "openai_compatible", "anthropic", "google")   # have a batch API adapter
 
 
@@ -55,6 +55,9 @@ class Price(_Strict):
     cached_input_per_mtok: float | None = Field(None, ge=0)
     batch_input_per_mtok: float | None = Field(None, ge=0)
     batch_output_per_mtok: float | None = Field(None, ge=0)
+    # Local compute: dollars per second of a call's wall time (a model on your own machine costs what the
+    # machine costs while it answers; conductor/workers/cost.py). 0: free.
+    per_second: float = Field(0.0, ge=0, allow_inf_nan=False)
 
     def cost(self, input_tokens: int, output_tokens: int) -> float:
         """Dollars for one call.
@@ -223,7 +226,7 @@ class Pool(_Strict):
         return SubPool(self, tuple(index[n] for n in names))
 
 
-TOOL_PROVIDERS = ("python", "vote")   # workers that are programs, not language models
+TOOL_PROVIDERS = ("python", "vote", "agree")   # workers that are programs, not language models
 
 
 @dataclass(frozen=True)

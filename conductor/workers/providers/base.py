@@ -36,7 +36,15 @@ class Completion:
     text: str
     input_tokens: int = 0
     output_tokens: int = 0
-    finish_reason: str | None = None   # "stop", "length", ...
+    finish_reason: str | None = None   # "stop", "length", ... (``SETTLED``: a gate accepted the answers it saw)
+    # Seconds the real call took, when known: the response cache stores it and hands it back on a hit, so a
+    # replayed call costs what the recorded one did (docs/workflow-replay.md).
+    latency_s: float | None = None
+
+
+# The finish reason of a gate step (``provider: agree``) that accepted the answers it was shown: the executor
+# leaves out every later step that sees it, and its reply is the round's answer (conductor/execution/executor.py).
+SETTLED = "settled"
 
 
 class ProviderError(Exception):
