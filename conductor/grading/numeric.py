@@ -165,7 +165,7 @@ class NumericGrader:
         gold = to_exact(q.gold)
         if gold is None:
             return GradeResult(False, None, f"gold {_short(q.gold)} is not a number")
-        extracted = extract(response, rules_for(q, self.kind))
+        extracted = extract(response, rules_for(q, self.kind), question=q.prompt or None)
         if extracted is None:
             return GradeResult(False, None, None, "no answer found")
         value = to_exact(extracted)
