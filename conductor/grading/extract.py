@@ -171,6 +171,7 @@ def last_number(text: str) -> str | None:
 
 # ---------------------------------------------------------------- the committed final sentence (issue #47)
 
+UNCOMMITTED = "[no committed answer]"   # the final sentence commits to an expression or hedges between two numbers
 _CALC_RE = re.compile(r"<<[^<>\n]{0,200}>>")          # GSM8K calculator annotations: "$<<30*2.5=75>>75"
 _SENTENCE_END_RE = re.compile(r"(?<=[.!?])[*_)\]\s]*\s+(?=\S)|\n+")
 _CLAUSE_RE = re.compile(r";\s|:\s|,\s*(?:so|thus|therefore|hence|which is|which means|that means|meaning)\s",
@@ -178,7 +179,7 @@ _CLAUSE_RE = re.compile(r";\s|:\s|,\s*(?:so|thus|therefore|hence|which is|which 
 _EQUALS_RE = re.compile(r"=|≈|\\approx")
 _AFTER_EQUALS_RE = re.compile(r"\s*(?:\\?\$\s*)?(-?\s?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?)"
                               r"(?:\s*(?:\\?%|\\?\)|\*\*))?(\s*[-+*/×÷^(]\s*[\w($\\])?")
-_INTRO_RE = re.compile(r"^(?:in|after|for|over|with|since|because|when|at|by|within|including|adding|to|on|"
+_INTRO_RE = re.compile(r"^(?:in|after|for|over|with|since|because|at|by|within|including|adding|to|on|"
                        r"from|based|given|during|now|then|once|as)\b", re.IGNORECASE)
 _WORD_NUMBERS = {w: i for i, w in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
@@ -190,18 +191,8 @@ _WORD_NUMBER_RE = re.compile(r"\b(" + "|".join(sorted(_WORD_NUMBERS, key=len, re
 _COPULA_RE = re.compile(r"\s(?:is|are|was|were|will be|would be|comes to|equals)\s+(?:(?:about|approximately|roughly|"
                         r"only|still|now|exactly|just|a total of|on the|the)\s+)*(?=\\?\$?-?\d)", re.IGNORECASE)
 _CLOCK_RE = re.compile(r"(?<![\w.:])(\d{1,2}):([0-5]\d)\s*(?:[ap]\.?m\b\.?)", re.IGNORECASE)
-_HEDGE_RE = re.compile(r"(\d[\d,]*(?:\.\d+)?)\s*%?\s*(?:[a-zA-Z]+\s+)?or\s+(?:about\s+|approximately\s+|maybe\s+)?"
+_HEDGE_RE = re.compile(r"(?<![\d,.])(\d[\d,]*(?:\.\d+)?)\s*%?\s*(?:[a-zA-Z]+\s+)?or\s+(?:about\s+|approximately\s+|maybe\s+)?"
                        r"\$?(\d[\d,]*(?:\.\d+)?)(?!\s*%)")
-
-
-def word_number(text: str) -> str | None:
-    """The first number written as a word ("one bowl", "twenty", "a dozen"), as a numeral.
-
-    >>> word_number("She gets one bowl."), word_number("Twenty-one? no: twenty"), word_number("none at all")
-    ('1', '20', None)
-    """
-    m = _WORD_NUMBER_RE.search(text)
-    return str(_WORD_NUMBERS[m.group(1).lower()]) if m else None
 
 
 def _canonical(numeral: str) -> str:
@@ -233,17 +224,25 @@ def _after_equals(clause: str) -> str | None:
     return "" if m.group(2) else m.group(1).replace(" ", "").replace(",", "")
 
 
+def _numbers_in(text: str, words: bool = True) -> list[str]:
+    """The numerals of ``text`` (commas removed); when it has none, its number words as numerals."""
+    found = [n.replace(",", "") for n in _NUMBER_RE.findall(text)]
+    return found or ([str(_WORD_NUMBERS[w.lower()]) for w in _WORD_NUMBER_RE.findall(text)] if words else [])
+
+
 def _drop_openers(clause: str) -> str:
     """Drop leading comma-separated phrases that hold no number ("So,", "Therefore,") or open the sentence
     with a setting ("In 30 days,", "After 2 years,"), while what follows still states a number."""
-    while True:
+    words = not _NUMBER_RE.search(clause)     # number words count only in a clause without numerals
+    for _ in range(4):                        # a few openers at most: each pass rescans the rest
         parts = re.split(r",\s", clause, maxsplit=1)
-        if len(parts) < 2 or not _NUMBER_RE.search(parts[1]):
+        if len(parts) < 2 or not _numbers_in(parts[1], words):
             return clause
         head = parts[0].strip(" *_\"'")
-        if _NUMBER_RE.search(head) and not _INTRO_RE.match(head):
+        if _numbers_in(head, words) and not _INTRO_RE.match(head):
             return clause
         clause = parts[1]
+    return clause
 
 
 def committed_number(sentence: str, question: str | None = None) -> str | None:
@@ -267,6 +266,10 @@ def committed_number(sentence: str, question: str | None = None) -> str | None:
     ('', '')
     >>> committed_number("To serve it at 5:00 pm, start at 2:00 pm."), committed_number("If he misses 4, he pays $10.")
     ('2', '4')
+    >>> committed_number("Since there are two children, each child can have one bowl.", "their two children")
+    '1'
+    >>> committed_number("Therefore, when there are 10 guests, the two venues cost the same.")
+    '10'
     >>> committed_number("So 1/4 or 25% of them."), committed_number("Each of them got one."), committed_number("Done!") is None
     ('1/4', '1', True)
     """
@@ -285,19 +288,17 @@ def committed_number(sentence: str, question: str | None = None) -> str | None:
     clause = _drop_openers(clause)
     copulas = list(_COPULA_RE.finditer(clause))
     tail = clause[copulas[-1].end():] if copulas else ""    # "so $0.10 per pump is 10 cents": what it *is*
-    numbers = [n.replace(",", "") for n in _NUMBER_RE.findall(tail if _NUMBER_RE.search(tail) else clause)]
+    numbers = _numbers_in(tail if _NUMBER_RE.search(tail) else clause)
     echoes = question_numbers(question)
     fresh = [n for n in numbers if _canonical(n) not in echoes]
-    if fresh or numbers:
-        return (fresh or numbers)[0]
-    return word_number(clause)
+    return (fresh or numbers or [None])[0]
 
 
 def final_sentence(text: str, question: str | None = None) -> str | None:
     """The number committed to by the last sentence that states one (calculator annotations ``<<..>>``
-    dropped): how a teacher reads a prose reply whose answer is not its last number. ``None`` when that
-    sentence commits to an expression or a hedge, so a later rule decides. ``question`` (optional) tells
-    restated numbers from the answer (``committed_number``).
+    dropped): how a teacher reads a prose reply whose answer is not its last number. ``UNCOMMITTED`` when
+    that sentence commits to an expression or hedges ("8 or 9 days"): no later rule may pick a number out of
+    it. ``question`` (optional) tells restated numbers from the answer (``committed_number``).
 
     >>> final_sentence("He has 24 cows per stall, so 24 * 8 = 192.\\n\\nSo, there are 192 cows in 8 of the stalls.")
     '192'
@@ -309,12 +310,16 @@ def final_sentence(text: str, question: str | None = None) -> str | None:
     '3120000'
     >>> final_sentence("It costs 12 dollars.\\nI hope this helps!"), final_sentence("no numbers here") is None
     ('12', True)
+    >>> final_sentence("So it takes 8 or 9 days.")
+    '[no committed answer]'
+
     """
     text = _CALC_RE.sub("", _tail(text))
     pieces = _SENTENCE_END_RE.split(text)
     for sentence in reversed(pieces[-200:]):      # a reply's answer is in its last sentences
         if _NUMBER_RE.search(sentence) or _WORD_NUMBER_RE.search(sentence):
-            return committed_number(sentence, question) or None
+            found = committed_number(sentence, question)
+            return UNCOMMITTED if found == "" else found
     return None
 
 
