@@ -291,7 +291,8 @@ def committed_number(sentence: str, question: str | None = None) -> str | None:
     numbers = _numbers_in(tail if _NUMBER_RE.search(tail) else clause)
     echoes = question_numbers(question)
     fresh = [n for n in numbers if _canonical(n) not in echoes]
-    return (fresh or numbers or [None])[0]
+    pick = fresh or numbers
+    return pick[0] if pick else None
 
 
 def final_sentence(text: str, question: str | None = None) -> str | None:
