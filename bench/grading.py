@@ -6,7 +6,8 @@ wrong, in the forms models write) and the 164 HumanEval canonical solutions run 
 ``--prose`` measures instead how well the numeric grader reads frontier prose replies (issue #47), before and
 after the final-sentence rule, side by side in one run ("before" is the same grader with the rules it had:
 ``tag, boxed, final_line, last_number``): agreement, precision and recall against the 160 hand labels of
-``tests/data/gsm8k_prose_replies.jsonl``, and each model's accuracy on all 1,319 RouteLLM GSM8K replies.
+``tests/data/gsm8k_prose_replies.jsonl`` and the 48 held-out ones beside it, and each model's accuracy on all
+1,319 RouteLLM GSM8K replies.
 
     python bench/grading.py --prose    # last line: agreement_before=.. agreement_after=.. precision_before=.. ...
 """
@@ -33,6 +34,7 @@ from conductor.grading.code import CodeGrader  # noqa: E402
 from conductor.grading.mathverify import default_pool  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "data" / "gsm8k_prose_replies.jsonl"
+HELD_OUT = CORPUS.with_name("gsm8k_prose_replies_heldout.jsonl")
 
 
 def _wrong(gold: str) -> str:
@@ -69,15 +71,17 @@ def _scores(verdicts: list[bool], labels: list[bool]) -> dict[str, float]:
 def prose() -> None:
     """Issue #47: the hand-labelled corpus, then every RouteLLM GSM8K reply, with the old and the new rules."""
     grader = get_grader("numeric")
-    corpus = [json.loads(line) for line in CORPUS.read_text(encoding="utf-8").splitlines() if line.strip()]
-    labels = [bool(r["label"]) for r in corpus]
     out: dict[str, float] = {}
-    for when, rules in (("before", OLD_RULES), ("after", None)):
-        verdicts = [grader.grade(_gsm8k_question(r["question"], r["gold"], rules), r["reply"]).correct for r in corpus]
-        for key, value in _scores(verdicts, labels).items():
-            out[f"{key}_{when}"] = value
-        print(f"corpus ({len(corpus)} hand-labelled replies), {when}: " +
-              " ".join(f"{k}={v:.4f}" for k, v in _scores(verdicts, labels).items()))
+    for name, path in (("", CORPUS), ("heldout_", HELD_OUT)):
+        corpus = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        labels = [bool(r["label"]) for r in corpus]
+        for when, rules in (("before", OLD_RULES), ("after", None)):
+            verdicts = [grader.grade(_gsm8k_question(r["question"], r["gold"], rules), r["reply"]).correct
+                        for r in corpus]
+            scores = _scores(verdicts, labels)
+            out.update({f"{name}{key}_{when}": value for key, value in scores.items()})
+            print(f"{path.name} ({len(corpus)} hand-labelled replies), {when}: " +
+                  " ".join(f"{k}={v:.4f}" for k, v in scores.items()))
     csv.field_size_limit(1 << 30)
     gold = {}
     for line in (shared_data_dir() / "gsm8k_test.jsonl").read_text(encoding="utf-8").splitlines():
@@ -93,7 +97,7 @@ def prose() -> None:
             out[f"{name}_accuracy_{when}"] = right / len(rows)
         print(f"{col} on all {len(rows)} GSM8K replies: before {out[f'{name}_accuracy_before']:.4f}, "
               f"after {out[f'{name}_accuracy_after']:.4f}, RouteLLM's own True/False {routellm:.4f}")
-    keys = ["agreement", "false_positive_rate", "precision", "recall"]
+    keys = ["agreement", "false_positive_rate", "precision", "recall", "heldout_agreement", "heldout_false_positive_rate"]
     print(" ".join(f"{k}_{w}={out[f'{k}_{w}']:.4f}" for k in keys for w in ("before", "after")) + " " +
           " ".join(f"{m}_accuracy_{w}={out[f'{m}_accuracy_{w}']:.4f}" for m in MODELS for w in ("before", "after")))
 

@@ -20,11 +20,12 @@ from conductor.grading import get_grader
 from conductor.grading.extract import UNCOMMITTED, committed_number, extract, final_sentence, question_numbers
 
 CORPUS = Path(__file__).parent / "data" / "gsm8k_prose_replies.jsonl"
+HELD_OUT = Path(__file__).parent / "data" / "gsm8k_prose_replies_heldout.jsonl"   # read after the rules were written
 FIELDS = {"row", "question_id", "model", "stratum", "question", "reply", "gold", "label", "note"}
 
 
-def _corpus() -> list[dict]:
-    return [json.loads(line) for line in CORPUS.read_text(encoding="utf-8").splitlines() if line.strip()]
+def _corpus(path: Path = CORPUS) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def _question(question: str, gold: str) -> Question:
@@ -40,6 +41,9 @@ def _grade(question: str, gold: str | int, reply: str) -> bool:
 # --------------------------------------------------------------------------- the hand-labelled corpus
 
 def test_corpus_is_what_its_readme_says():
+    held_out = _corpus(HELD_OUT)
+    assert len(held_out) == 48 and all(set(r) == FIELDS for r in held_out) and sum(r["label"] for r in held_out) == 20
+    assert not {(r["row"], r["model"]) for r in held_out} & {(r["row"], r["model"]) for r in _corpus()}
     rows = _corpus()
     assert len(rows) >= 150 and all(set(r) == FIELDS for r in rows)
     models = {r["model"] for r in rows}
@@ -57,13 +61,14 @@ def test_corpus_golds_are_gsm8k_golds():
     for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
         d = json.loads(line)
         gold[d["question"].strip()] = (f"gsm8k/test/{i}", d["answer"].rsplit("####", 1)[1].strip().replace(",", ""))
-    for r in _corpus():
+    for r in _corpus() + _corpus(HELD_OUT):
         assert gold[r["question"].strip()] == (r["question_id"], r["gold"])
 
 
-def test_grader_agrees_with_the_hand_labels():
+@pytest.mark.parametrize("path", [CORPUS, HELD_OUT], ids=["corpus", "held-out"])
+def test_grader_agrees_with_the_hand_labels(path):
     """At least 97% agreement and at most 1% false positives (graded right, labelled wrong)."""
-    rows = _corpus()
+    rows = _corpus(path)
     verdicts = [_grade(r["question"], r["gold"], r["reply"]) for r in rows]
     agree = sum(v == r["label"] for v, r in zip(verdicts, rows)) / len(rows)
     false_pos = [r["row"] for v, r in zip(verdicts, rows) if v and not r["label"]]
