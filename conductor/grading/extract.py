@@ -1,7 +1,8 @@
 """Pull the final answer out of a free-form model response.
 
 Models end answers in many ways: ``<answer>..</answer>`` tags (what our prompts
-ask for), ``\\boxed{..}``, "The answer is ..", "#### ..", or just a last number.
+ask for), ``\\boxed{..}``, "The answer is ..", "#### ..", a committed final sentence
+("So, there are 192 cows in 8 of the stalls.": ``final_sentence``, issue #47), or just a last number.
 Each rule is a small pure function returning ``None`` when it does not apply;
 ``extract`` tries the rules of a per-dataset ``Extraction`` config in order.
 
