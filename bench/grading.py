@@ -2,24 +2,39 @@
 wrong, in the forms models write) and the 164 HumanEval canonical solutions run in the sandbox.
 
     python bench/grading.py            # last line: math_per_s=<x> code_per_s=<y>
+
+``--prose`` measures instead how well the numeric grader reads frontier prose replies (issue #47), before and
+after the final-sentence rule, side by side in one run ("before" is the same grader with the rules it had:
+``tag, boxed, final_line, last_number``): agreement, precision and recall against the 160 hand labels of
+``tests/data/gsm8k_prose_replies.jsonl`` and the 48 held-out ones beside it, and each model's accuracy on all
+1,319 RouteLLM GSM8K replies.
+
+    python bench/grading.py --prose    # last line: agreement_before=.. agreement_after=.. precision_before=.. ...
 """
 
 from __future__ import annotations
 
+import csv
+import json
 import os
 import re
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from conductor.data.datasets import load_dataset  # noqa: E402
+from conductor.data.datasets import load_dataset, shared_data_dir  # noqa: E402
+from conductor.data.questions import Question, with_instruction  # noqa: E402
 from conductor.execution.sandbox import default_sandbox  # noqa: E402
-from conductor.grading import grade_many  # noqa: E402
+from conductor.grading import get_grader, grade_many  # noqa: E402
 from conductor.grading.code import CodeGrader  # noqa: E402
 from conductor.grading.mathverify import default_pool  # noqa: E402
+
+CORPUS = Path(__file__).resolve().parent.parent / "tests" / "data" / "gsm8k_prose_replies.jsonl"
+HELD_OUT = CORPUS.with_name("gsm8k_prose_replies_heldout.jsonl")
 
 
 def _wrong(gold: str) -> str:
@@ -34,7 +49,63 @@ def math_items(n: int = 1000):
     return qs[:n], responses
 
 
+OLD_RULES = ("tag", "boxed", "final_line", "last_number")     # the numeric grader's rules before #47
+MODELS = {"gpt4": "gpt-4-1106-preview", "mixtral": "mistralai/Mixtral-8x7B-Instruct-v0.1"}
+
+
+def _gsm8k_question(text: str, gold: str, rules: tuple[str, ...] | None) -> Question:
+    meta: dict = {"grader": "numeric", **({"extract": list(rules)} if rules else {})}
+    return Question(id="gsm8k/test/x", dataset="gsm8k_test", domain="math", prompt=with_instruction(text, "math"),
+                    gold=gold, metadata=meta)
+
+
+def _scores(verdicts: list[bool], labels: list[bool]) -> dict[str, float]:
+    tp = sum(v and lab for v, lab in zip(verdicts, labels))
+    fp = sum(v and not lab for v, lab in zip(verdicts, labels))
+    fn = sum(lab and not v for v, lab in zip(verdicts, labels))
+    return {"agreement": sum(v == lab for v, lab in zip(verdicts, labels)) / len(labels),
+            "precision": tp / (tp + fp) if tp + fp else 1.0, "recall": tp / (tp + fn) if tp + fn else 1.0,
+            "false_positive_rate": fp / len(labels)}
+
+
+def prose() -> None:
+    """Issue #47: the hand-labelled corpus, then every RouteLLM GSM8K reply, with the old and the new rules."""
+    grader = get_grader("numeric")
+    out: dict[str, float] = {}
+    for name, path in (("", CORPUS), ("heldout_", HELD_OUT)):
+        corpus = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        labels = [bool(r["label"]) for r in corpus]
+        for when, rules in (("before", OLD_RULES), ("after", None)):
+            verdicts = [grader.grade(_gsm8k_question(r["question"], r["gold"], rules), r["reply"]).correct
+                        for r in corpus]
+            scores = _scores(verdicts, labels)
+            out.update({f"{name}{key}_{when}": value for key, value in scores.items()})
+            print(f"{path.name} ({len(corpus)} hand-labelled replies), {when}: " +
+                  " ".join(f"{k}={v:.4f}" for k, v in scores.items()))
+    csv.field_size_limit(1 << 30)
+    gold = {}
+    for line in (shared_data_dir() / "gsm8k_test.jsonl").read_text(encoding="utf-8").splitlines():
+        d = json.loads(line)
+        gold[d["question"].strip()] = d["answer"].rsplit("####", 1)[1].strip().replace(",", "")
+    with open(shared_data_dir() / "routellm" / "gsm8k_responses.csv", newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    for name, col in MODELS.items():
+        routellm = sum(r[col] == "True" for r in rows) / len(rows)
+        for when, rules in (("before", OLD_RULES), ("after", None)):
+            right = sum(grader.grade(_gsm8k_question(r["prompt"], gold[r["prompt"].strip()], rules),
+                                     r[f"{col}_response"]).correct for r in rows)
+            out[f"{name}_accuracy_{when}"] = right / len(rows)
+        print(f"{col} on all {len(rows)} GSM8K replies: before {out[f'{name}_accuracy_before']:.4f}, "
+              f"after {out[f'{name}_accuracy_after']:.4f}, RouteLLM's own True/False {routellm:.4f}")
+    keys = ["agreement", "false_positive_rate", "precision", "recall", "heldout_agreement", "heldout_false_positive_rate"]
+    print(" ".join(f"{k}_{w}={out[f'{k}_{w}']:.4f}" for k in keys for w in ("before", "after")) + " " +
+          " ".join(f"{m}_accuracy_{w}={out[f'{m}_accuracy_{w}']:.4f}" for m in MODELS for w in ("before", "after")))
+
+
 def main() -> None:
+    if "--prose" in sys.argv[1:]:
+        prose()
+        return
     qs, responses = math_items()
     default_pool().check_many([("1", "1")] * (os.cpu_count() or 1))   # start the math-verify workers (not timed)
     t = time.perf_counter()

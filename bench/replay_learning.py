@@ -29,6 +29,7 @@ what is there; a trained lambda's checkpoint is kept, so an interrupted run lose
 
     python bench/replay_learning.py [--lambdas 0,0.25,1] [--iterations 40] [--questions-per-iteration 8]
                                     [--group-size 8] [--state DIR] [--out docs/figures/replay] [--quick]
+    python bench/replay_learning.py --headroom-only [--headroom-split test --policy-probs replay_learning.json]
 
 Last line: ``trained_accuracy=<a> trained_cost_per_q=<c> best_single_accuracy=<b> best_single_cost_per_q=<d>
 cost_ratio=<c/d> apgr=<x> random_apgr=<r> oracle_accuracy=<o> p_value=<p>`` (test questions, picked lambda).
@@ -71,6 +72,11 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--state", default=str(ROOT / "runs" / "replay-learning"))
     ap.add_argument("--out", default=str(ROOT / "docs" / "figures" / "replay"))
     ap.add_argument("--headroom-only", action="store_true", help="stop after the validation headroom check (no training)")
+    ap.add_argument("--headroom-split", choices=("validation", "test"), default="validation",
+                    help="with --headroom-only: the split whose single workers and headroom are measured (test: the "
+                         "workers' recorded replies re-graded, no policy is trained or evaluated)")
+    ap.add_argument("--policy-probs", default=None, help="with --headroom-split test: a replay_learning.json whose "
+                    "trained policies' recorded test probabilities are re-scored against the re-graded replies")
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 iterations, 2 lambdas, small splits")
     a = ap.parse_args(argv)
     a.lambdas = [float(x) for x in a.lambdas.split(",") if x.strip()]
@@ -393,6 +399,53 @@ ROUTELLM_MMLU = [("RouteLLM BERT (T2)", 0.572), ("RouteLLM causal LLM (T2)", 0.6
                  ("RouteLLM matrix fact. (T2)", 0.597), ("RouteLLM SW ranking (T2)", 0.603)]
 
 
+def _print_headroom(head: Any, single: dict[str, dict[str, dict[str, Any]]], qids: list[str]) -> None:
+    for line in head.evidence:
+        print(f"  - {line}", flush=True)
+    for w in single:
+        p = _point(single[w], qids)
+        print(f"  {w}: accuracy {p['accuracy']:.4f} +/- {p['se']:.4f} on {p['n']}, ${p['cost_per_q']:.6f}/question")
+    b = head.best
+    print(f"best_single_accuracy={b.accuracy:.4f} cross_fit_accuracy={head.cross_fit.accuracy:.4f} "
+          f"mix_accuracy_at_cost={head.mix_at_cross_fit_cost.accuracy:.4f} "
+          f"oracle_accuracy={head.any_correct.accuracy:.4f} verdict={head.verdict}")
+
+
+def headroom_only(a: argparse.Namespace, st: State, pool: Any, questions: list[Any], split: str) -> None:
+    """Every worker alone on ``split`` and its headroom check: the recorded replies graded again, nothing
+    trained (``--headroom-only --headroom-split test``, how #47 re-measured #34's test figures)."""
+    from conductor.stats.headroom import headroom_report
+
+    single = st.get(f"single-{split}-headroom") or st.put(f"single-{split}-headroom",
+                                                          single_workers(pool, questions, split))
+    matrix = _matrix(single, questions)
+    head = headroom_report(matrix, seed=a.seed, cost_weight=line_slope(matrix))
+    head.write(Path(a.out) / f"headroom-{split}")
+    print(f"[headroom {split}] {head.verdict_line}", flush=True)
+    if a.policy_probs:
+        rescore_policies(a.policy_probs, single, [w.name for w in pool.workers], [q.id for q in questions])
+    _print_headroom(head, single, [q.id for q in questions])
+
+
+def rescore_policies(path: str, single: dict[str, dict[str, dict[str, Any]]], names: list[str],
+                     qids: list[str]) -> None:
+    """The trained policies' recorded test decisions (their routing probabilities in ``path``) scored against
+    ``single``: a policy's greedy answer is its most probable worker's reply, so re-grading the replies re-scores
+    it without training or running the model again."""
+    recorded = json.loads(Path(path).read_text())["test"]["probs"]
+    for lam, probs in recorded.items():
+        rows = {}
+        for q, p in probs.items():
+            w = names[max(range(len(p)), key=p.__getitem__)]
+            if q in single[w]:
+                rows[q] = {**single[w][q], "worker": w}
+        fig = policy_figures({"rows": rows, "probs": probs}, single, names[0], names[1], qids)
+        print(f"  trained lambda={lam}: accuracy {fig['accuracy']:.4f} +/- {fig['se']:.4f}, ${fig['cost_per_q']:.6f}/q, "
+              f"strong share {fig['strong_share']:.3f}, apgr {fig['apgr']:.4f} (random {fig['random_apgr']:.4f}), "
+              f"cpt50 {fig['cpt50']:.3f}, cpt80 {fig['cpt80']:.3f}", flush=True)
+        print("    escalation: " + json.dumps(escalation_table(rows, single, names[0], names[1])), flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     a = _args(argv)
     import torch
@@ -409,6 +462,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"replay learning: pool={pool.id} questions train={len(splits['train'])} validation="
           f"{len(splits['validation'])} test={len(splits['test'])} lambdas={a.lambdas} iterations={a.iterations} "
           f"questions/iter={a.questions_per_iteration} G={a.group_size} state={a.state}", flush=True)
+    if a.headroom_only and a.headroom_split == "test":
+        headroom_only(a, st, pool, splits["test"], "test")
+        return
     val_ids = [q.id for q in splits["validation"]]
     single_val = st.get("single-validation") or st.put("single-validation", single_workers(pool, splits["validation"], "val"))
     best_val = max((_point(single_val[w], val_ids) for w in single_val), key=lambda p: p["accuracy"])
@@ -417,12 +473,7 @@ def main(argv: list[str] | None = None) -> None:
     head.write(Path(a.out) / "headroom-validation")
     print(f"[headroom validation] {head.verdict_line}", flush=True)
     if a.headroom_only:
-        for line in head.evidence:
-            print(f"  - {line}", flush=True)
-        b = head.best
-        print(f"best_single_accuracy={b.accuracy:.4f} cross_fit_accuracy={head.cross_fit.accuracy:.4f} "
-              f"mix_accuracy_at_cost={head.mix_at_cross_fit_cost.accuracy:.4f} "
-              f"oracle_accuracy={head.any_correct.accuracy:.4f} verdict={head.verdict}")
+        _print_headroom(head, single_val, val_ids)
         return
 
     val: dict[str, Any] = st.get("validation") or {}

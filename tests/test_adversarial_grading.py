@@ -65,6 +65,19 @@ def test_a_100000_digit_answer_is_read_in_linear_time():
     assert out == "False True"
 
 
+def test_the_final_sentence_rule_is_linear():
+    """Issue #47's sentence rule on a 100,000-digit numeral, 50,000 openers, a 40,000-way hedge and 60,000 commas."""
+    out = _under_cpu_budget("""
+        from conductor.grading.extract import final_sentence
+        from conductor.grading import get_grader
+        g = get_grader("numeric")
+        texts = ["9" * 100_000, "So, " * 50_000 + "5 cows.", "1 or 2 or " * 40_000, "a, " * 60_000 + "2 apples.",
+                 "x is " * 50_000 + "4", "<<" * 50_000 + "1"]
+        print(",".join(str(final_sentence(t, t[:1000]))[:3] for t in texts), g.grade("5", "So, " * 50_000 + "5").correct)
+    """)
+    assert out == "999,5,[no,2,4,1 True"
+
+
 def test_extraction_reads_only_the_tail_of_a_huge_reply():
     reply = "<answer>1</answer>" + "x" * (MAX_CHARS + 10) + "<answer>2</answer>"
     assert extract(reply) == "2"

@@ -294,8 +294,12 @@ def test_routellm_gsm8k_replay_answers_the_projects_gsm8k_prompts():
         rec = gpt4.index().find(q.prompt)
         found += 1
         assert c.text == rec.reply and c.text
-        agree += grade(q, c.text).correct is rec.correct   # our grader on the recorded text vs RouteLLM's verdict
-    assert agree >= 0.9 * found
+        ours = grade(q, c.text).correct                  # our grader on the recorded text vs RouteLLM's verdict
+        agree += ours is rec.correct
+        # RouteLLM's verdicts read the last number, so they miss GPT-4 answers stated first in the final sentence
+        # ("So, there are 192 cows in 8 of the stalls."; issue #47): ours may only be kinder, never stricter
+        assert ours or not rec.correct, q.id
+    assert agree >= 0.8 * found
     assert found == 40 - sum(recording_key(q.prompt.rsplit("\n\n", 1)[0]) in {
         recording_key(json.loads(line)["eval_prompt"])
         for line in (ROUTELLM / "gsm8k_contaminated_prompts.jsonl").read_text().splitlines()} for q in questions)

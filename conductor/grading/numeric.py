@@ -14,7 +14,7 @@ from typing import Any
 
 from conductor.data.questions import Question
 from conductor.grading.base import GradeResult, as_question, register_grader, rules_for
-from conductor.grading.extract import extract, last_number
+from conductor.grading.extract import UNCOMMITTED, extract, last_number
 
 _TEXT_RE = re.compile(r"\\(?:text|textbf|mathrm|mbox|textrm)\s*\{([^{}]*)\}")
 _FRAC_RE = re.compile(r"^(-?)\\[dt]?frac\s*\{\s*(-?[\d.]+)\s*\}\s*\{\s*(-?[\d.]+)\s*\}$")
@@ -165,9 +165,11 @@ class NumericGrader:
         gold = to_exact(q.gold)
         if gold is None:
             return GradeResult(False, None, f"gold {_short(q.gold)} is not a number")
-        extracted = extract(response, rules_for(q, self.kind))
+        extracted = extract(response, rules_for(q, self.kind), question=q.prompt or None)
         if extracted is None:
             return GradeResult(False, None, None, "no answer found")
+        if extracted == UNCOMMITTED:
+            return GradeResult(False, None, None, "the final sentence commits to no single number")
         value = to_exact(extracted)
         if value is None:     # a phrase: its opening number ("20 cups of feed, ..."), else its last one
             value = to_exact(leading_number(extracted) or last_number(extracted))
