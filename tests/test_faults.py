@@ -302,3 +302,18 @@ def test_injected_code_runs_only_inside_the_sandbox(tmp_path: Path) -> None:
     assert code is not None and str(target) in code
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=30)
     assert target.exists()
+
+
+def test_a_planted_wrong_answer_changes_what_the_numeric_grader_reads_in_prose():
+    """GPT-4's prose puts the answer in the last sentence, not always as its last number ("192 cows in 8 of the
+    stalls"): the fault must change the number the grader reads (its sentence rule), not an incidental one."""
+    from conductor.data.questions import Question
+    from conductor.grading.numeric import NumericGrader
+    from conductor.workers.faults import plant_wrong_answer
+
+    q = Question(id="c", dataset="gsm8k_test", domain="math", prompt="How many cows are in 8 of the stalls?", gold="192")
+    reply = "Each stall holds 24 cows.\nSo, there are 192 cows in 8 of the stalls."
+    assert NumericGrader().grade(q, reply).correct
+    planted = plant_wrong_answer(reply, 0.0)
+    assert planted is not None
+    assert not NumericGrader().grade(q, planted[0]).correct, planted
