@@ -17,6 +17,7 @@ first stop sequence), ``stream`` and ``stream_options.include_usage``. Validated
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -33,6 +34,7 @@ _TEXT_PARTS = ("text", "input_text", "output_text")
 _OWN_CODES = ("unsupported_parameter", "unsupported_content", "unsupported_role", "empty_messages", "empty_input",
               "invalid_value", "invalid_type")
 _MISSING_CODES = {"model": "missing_model", "messages": "empty_messages"}
+_TAG = re.compile(r"^([\w-]+\[.*\]|\[key\])$")    # pydantic's validator/union tags in an error's location
 
 
 def _strict(extra: Literal["allow", "forbid"] = "allow") -> ConfigDict:
@@ -213,8 +215,8 @@ def api_error(e: ValidationError, missing: dict[str, str] | None = None) -> APIE
     project's own code where the model raised it, else ``invalid_type`` / ``invalid_value`` /
     ``missing_required_parameter``; anything under ``conductor`` is ``invalid_controls``."""
     err = e.errors(include_url=False)[0]
-    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or "-" in p)))
-    param = _param(loc) or None
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and _TAG.match(p)))
+    param = _param(loc)[:120] or None       # a dict key from the body may be long: never echo much of it
     kind, msg = err["type"], err["msg"]
     if kind == "missing":
         code = (missing or _MISSING_CODES).get(param or "", "missing_required_parameter")
@@ -234,7 +236,7 @@ def api_error(e: ValidationError, missing: dict[str, str] | None = None) -> APIE
         if kind == "extra_forbidden":
             message = (f"{CONTROLS_FIELD}: unknown control {str(loc[-1])!r} (known: "
                        f"{', '.join(Controls.model_fields)})")
-    return invalid(message, code, param)
+    return invalid(message[:600], code, param)
 
 
 def _validate(model: type[BaseModel], body: Any, missing: dict[str, str] | None = None) -> Any:
