@@ -22,9 +22,10 @@ from starlette.types import Receive, Scope, Send
 
 from conductor.serve import render
 from conductor.serve.auth import Admission, ClientLimiter, KeyStore
+from conductor.serve.body import parse_json, read_capped
 from conductor.serve.config import ServeConfig
 from conductor.serve.engine import Model, ServeEngine
-from conductor.serve.errors import APIError, internal, invalid
+from conductor.serve.errors import APIError, internal
 from conductor.serve.metrics import CONTENT_TYPE, Metrics
 from conductor.serve.requests import TRACE_HEADER, ServeRequest, parse_chat, parse_responses
 from conductor.serve.stream import AnswerStream
@@ -94,19 +95,8 @@ class Server:
         m.child(m.latency, endpoint).observe(time.perf_counter() - t0)
 
     async def body(self, request: Request) -> Any:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.config.max_body_bytes:
-            raise APIError(413, "invalid_request_error", "request_too_large",
-                           f"the request body is {int(declared):,} bytes; this server accepts at most "
-                           f"{self.config.max_body_bytes:,}")
-        raw = await request.body()
-        if len(raw) > self.config.max_body_bytes:
-            raise APIError(413, "invalid_request_error", "request_too_large",
-                           f"the request body is over {self.config.max_body_bytes:,} bytes")
-        try:
-            return orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise invalid(f"the request body is not valid JSON ({str(e).split(':')[0]})", "invalid_json") from None
+        raw = await read_capped(request.stream(), request.headers.get("content-length"), self.config.max_body_bytes)
+        return parse_json(raw)
 
     def authenticate(self, request: Request) -> str:
         return self.keys.identify(request.headers.get("authorization"))

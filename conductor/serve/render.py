@@ -4,7 +4,8 @@
 answer) and adds the orchestration: ``orchestration_input_tokens`` / ``orchestration_output_tokens`` (the
 conductor's prompt and workflow plus every worker call), ``orchestration_cached_input_tokens`` /
 ``orchestration_cached_output_tokens`` (calls answered from the response cache), ``cost`` (dollars of every
-worker call of the request) and ``worker_calls``. The trace (``conductor_trace``) is added only on request.
+worker call of the request) and ``worker_calls``. Every answer names the workers that ran (``conductor_workers``: per choice, their names and the
+number of steps, no text of theirs); the full trace (``conductor_trace``) is added only on request.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from conductor.trajectory import Trajectory
 
 TRACE_FIELD = "conductor_trace"
+WORKERS_FIELD = "conductor_workers"
 
 
 def answer_of(t: Trajectory, req: ServeRequest) -> tuple[str, str]:
@@ -72,6 +74,18 @@ def usage(out: Outcome, req: ServeRequest, answers: list[str]) -> dict[str, Any]
             "orchestration_input_tokens": o_in, "orchestration_output_tokens": o_out,
             "orchestration_cached_input_tokens": c_in, "orchestration_cached_output_tokens": c_out,
             "cost": cost, "worker_calls": calls}
+
+
+def workers_ran(out: Outcome) -> list[dict[str, Any]]:
+    """Per choice, the pool workers that ran (in the order they first ran), the worker steps run and the worker
+    whose reply is the answer; nothing of what they said. Steps left out under ``max_cost`` did not run; the
+    conductor's own calls (recursion) are not worker steps."""
+    result = []
+    for i, t in enumerate(out.trajectories):
+        ran = [c for c in t.calls if c.worker_index >= 0 and c.error_kind != "budget"]
+        result.append({"index": i, "workers": list(dict.fromkeys(c.worker for c in ran)), "steps": len(ran),
+                       "answered_by": ran[-1].worker if ran else None})
+    return result
 
 
 def budget_stop(t: Trajectory) -> str | None:
@@ -125,7 +139,7 @@ def chat_completion(out: Outcome, req: ServeRequest, want_trace: bool) -> tuple[
         "model": out.model.model_id, "system_fingerprint": out.model.checkpoint_id,
         "choices": [{"index": i, "message": {"role": "assistant", "content": a, "refusal": None},
                      "logprobs": None, "finish_reason": f} for i, (a, f) in enumerate(answers)],
-        "usage": use}
+        "usage": use, WORKERS_FIELD: workers_ran(out)}
     if want_trace:
         body[TRACE_FIELD] = trace(out)
     return body, headers(out, use)
@@ -183,6 +197,7 @@ def stream_tail(out: Outcome, req: ServeRequest, want_trace: bool, cid: str, cre
         if want_trace:
             extra[TRACE_FIELD] = trace(out)
         chunks.append(chunk(cid, model, created, [], **extra))
+    chunks[-1][WORKERS_FIELD] = workers_ran(out)      # on the last chunk, whichever it is
     return chunks
 
 
@@ -201,6 +216,7 @@ def response_object(out: Outcome, req: ServeRequest, want_trace: bool) -> tuple[
                   "total_tokens": use["total_tokens"],
                   "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0},
                   **{k: v for k, v in use.items() if k not in ("prompt_tokens", "completion_tokens", "total_tokens")}},
+        WORKERS_FIELD: workers_ran(out),
     }
     if want_trace:
         body[TRACE_FIELD] = trace(out)

@@ -1,35 +1,54 @@
-"""Request bodies -> one ``ServeRequest``: validated, with a clear error for everything not honoured.
+"""Request bodies -> one ``ServeRequest``: the HTTP body as pydantic models, one adapter to OpenAI's error shape.
 
-Honoured: ``n`` (independent workflows), ``temperature`` and ``seed`` (the conductor's sampling), ``max_tokens``
-/ ``max_completion_tokens`` / ``max_output_tokens`` (the answer is cut there, finish_reason ``length``),
-``stop`` (the answer is cut at the first stop sequence), ``stream`` and ``stream_options.include_usage``,
-``user`` (ignored). Refused with ``unsupported_parameter``: tools, function calls, logprobs, response formats,
-audio, and any non-text content. The per-request controls live in one body field, ``conductor``.
+WHY pydantic: the bodies are validated like every other input of the project (strict types, ranges, unknown
+controls refused), and a ``ValidationError`` becomes exactly one OpenAI error object naming the parameter
+(``param``: ``messages[0].content``, ``conductor.max_cost``), in one place (``api_error``).
+
+Honoured: text ``messages`` / ``input`` in any role (a conversation of ``system`` / ``developer`` text only is
+answered: that text is the question), content as a string or text parts, ``name``; ``n`` (independent
+workflows), ``temperature`` and ``seed`` (the conductor's sampling), ``max_completion_tokens`` / ``max_tokens`` /
+``max_output_tokens`` (the answer is cut there, finish_reason ``length``), ``stop`` (the answer is cut at the
+first stop sequence), ``stream`` and ``stream_options.include_usage``. Validated, then ignored: ``user``,
+``metadata``, ``store``, ``top_p``, the penalties, ``reasoning_effort`` and the like. Refused with
+``unsupported_parameter`` naming it: tools and function calls, logprobs, structured output
+(``response_format`` / ``text.format`` other than text), audio, prediction; non-text content is refused with
+``unsupported_content``. The per-request controls live in one body field, ``conductor``.
 """
 
 from __future__ import annotations
 
-import math
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from conductor.serve.errors import APIError, bad_controls, invalid, unsupported
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticCustomError
+
+from conductor.serve.errors import APIError, invalid
 
 CONTROLS_FIELD = "conductor"
 TRACE_HEADER = "x-conductor-trace"
-_UNSUPPORTED_CHAT = ("tools", "tool_choice", "functions", "function_call", "logprobs", "top_logprobs",
-                     "response_format", "audio", "modalities", "prediction", "logit_bias", "parallel_tool_calls")
-_IGNORED = ("user", "store", "metadata", "service_tier", "top_p", "frequency_penalty", "presence_penalty",
-            "reasoning_effort", "safety_identifier", "prompt_cache_key")
-_CONTROL_KEYS = ("workers", "exclude_workers", "max_cost", "max_steps", "trace")
+_TEXT_PARTS = ("text", "input_text", "output_text")
+# the error codes the models raise themselves (PydanticCustomError types), passed through as they are
+_OWN_CODES = ("unsupported_parameter", "unsupported_content", "unsupported_role", "empty_messages", "empty_input",
+              "invalid_value", "invalid_type")
+_MISSING_CODES = {"model": "missing_model", "messages": "empty_messages"}
+_TAG = re.compile(r"^([\w-]+\[.*\]|\[key\])$")    # pydantic's validator/union tags in an error's location
 
 
-@dataclass
-class Controls:
-    workers: list[str] | None = None        # allowed workers (pool names), in the order shown to the conductor
-    exclude_workers: list[str] = field(default_factory=list)
-    max_cost: float | None = None           # dollars per request, enforced during execution
-    max_steps: int | None = None
+def _strict(extra: Literal["allow", "forbid"] = "allow") -> ConfigDict:
+    return ConfigDict(strict=True, allow_inf_nan=False, extra=extra)
+
+
+class Controls(BaseModel):
+    """The ``conductor`` body field: what this request may use, and whether to return the trace."""
+
+    model_config = _strict("forbid")
+    workers: list[Annotated[str, Field(min_length=1)]] | None = Field(None, min_length=1)   # in this order
+    exclude_workers: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
+    max_cost: float | None = Field(None, gt=0)    # dollars per request, enforced during execution
+    max_steps: int | None = Field(None, ge=1)
     trace: bool = False
 
 
@@ -48,195 +67,248 @@ class ServeRequest:
     controls: Controls = field(default_factory=Controls)
 
 
-def _num(body: dict[str, Any], name: str, low: float, high: float, integer: bool = False) -> Any:
-    v = body.get(name)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int | float) or (integer and not isinstance(v, int)):
-        raise invalid(f"{name} must be {'an integer' if integer else 'a number'}", "invalid_type", name)
-    if not math.isfinite(v) or not low <= v <= high:
-        raise invalid(f"{name} must be between {low:g} and {high:g} (got {v})", "invalid_value", name)
+# ---------------------------------------------------------------------------------------------- field types
+def _refuse(why: str, allowed: tuple[Any, ...] = (None, False, [], {})) -> Any:
+    """A parameter the conductor cannot honour: accepted only at a value that asks for nothing."""
+
+    def check(v: Any) -> Any:
+        if v not in allowed:
+            raise PydanticCustomError("unsupported_parameter", "Unsupported parameter: {why}", {"why": why})
+        return v
+
+    return BeforeValidator(check)
+
+
+Unsupported = Annotated[Any, _refuse("it answers in text only")]
+
+
+def _content_text(content: Any) -> str:
+    """A message's content as text: a string, or a list of text parts joined by newlines (None: empty)."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise PydanticCustomError("invalid_type", "expected a string or a list of text parts")
+    parts = []
+    for i, p in enumerate(content):
+        kind = p.get("type") if isinstance(p, dict) else type(p).__name__
+        if kind == "refusal" and isinstance(p.get("refusal"), str):
+            parts.append(p["refusal"])
+            continue
+        if kind not in _TEXT_PARTS:
+            raise PydanticCustomError("unsupported_content", "part {i}: only text content is supported (got '{kind}')",
+                                      {"i": i, "kind": kind})
+        if not isinstance(p.get("text"), str):
+            raise PydanticCustomError("invalid_type", "part {i}: text must be a string", {"i": i})
+        parts.append(p["text"])
+    return "\n".join(parts)
+
+
+Text = Annotated[str, BeforeValidator(_content_text)]
+Stop = Annotated[list[Annotated[str, Field(min_length=1)]] | None,
+                 BeforeValidator(lambda v: [v] if isinstance(v, str) else v), Field(None, max_length=4)]
+Metadata = dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]]
+
+
+def _role(v: Any) -> Any:
+    if v in ("tool", "function"):
+        raise PydanticCustomError("unsupported_role", "'{role}' messages are not supported: the conductor calls no "
+                                  "tools (roles: system, developer, user, assistant)", {"role": v})
     return v
 
 
-def _text_of(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for i, p in enumerate(content):
-            if not isinstance(p, dict) or p.get("type") not in ("text", "input_text", "output_text"):
-                kind = p.get("type") if isinstance(p, dict) else type(p).__name__
-                raise invalid(f"{where}[{i}]: only text content is supported (got {kind!r})",
-                              "unsupported_content", where)
-            if not isinstance(p.get("text"), str):
-                raise invalid(f"{where}[{i}].text must be a string", "invalid_type", where)
-            parts.append(p["text"])
-        return "\n".join(parts)
-    if content is None:
-        return ""
-    raise invalid(f"{where} must be a string or a list of text parts", "invalid_type", where)
+class Message(BaseModel):
+    model_config = _strict()
+    role: Annotated[Literal["system", "developer", "user", "assistant"], BeforeValidator(_role)]
+    content: Text = ""
+    name: str | None = None
+    tool_calls: Unsupported = None
+    function_call: Unsupported = None
 
 
-def question_from_messages(messages: Any, param: str = "messages") -> str:
-    """The question the conductor answers: the last user turn, with any system text and earlier turns above it.
+class _Common(BaseModel):
+    """What both endpoints take."""
 
-    >>> question_from_messages([{"role": "user", "content": "What is 2+2?"}])
+    model_config = _strict()
+    model: str = Field(min_length=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    user: str | None = None
+    metadata: Metadata | None = Field(None, max_length=16)
+    store: bool | None = None
+    conductor: Controls | None = None
+    tools: Unsupported = None
+    tool_choice: Annotated[Any, _refuse("it calls no tools", (None, "none", "auto"))] = None
+    parallel_tool_calls: bool | None = None
+
+
+class ChatBody(_Common):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[Message] = Field(min_length=1)
+    n: int = Field(1, ge=1, le=128)
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    stop: Stop = None
+    stream: bool | None = False
+    stream_options: dict[str, Any] | None = None
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    functions: Unsupported = None
+    function_call: Unsupported = None
+    logprobs: Unsupported = None
+    top_logprobs: Annotated[Any, _refuse("it returns no logprobs", (None, 0))] = None
+    logit_bias: Unsupported = None
+    audio: Unsupported = None
+    prediction: Unsupported = None
+    web_search_options: Unsupported = None
+    modalities: Annotated[Any, _refuse("it answers in text only", (None, ["text"]))] = None
+    response_format: Annotated[Any, _refuse("it answers in free text: no JSON mode or json_schema",
+                                            (None, {"type": "text"}))] = None
+
+
+class InputItem(Message):
+    type: Literal["message"] = "message"
+
+
+def _input_items(v: Any) -> Any:
+    """``input`` as a list of message items (a string is one user message); other item kinds are refused."""
+    if isinstance(v, str):
+        return [{"role": "user", "content": v}]
+    for i, item in enumerate(v if isinstance(v, list) else []):
+        kind = item.get("type", "message") if isinstance(item, dict) else type(item).__name__
+        if kind != "message":
+            raise PydanticCustomError("unsupported_content", "item {i}: only message items are supported "
+                                      "(got '{kind}')", {"i": i, "kind": kind})
+    return v
+
+
+class ResponsesBody(_Common):
+    """``POST /v1/responses``."""
+
+    input: Annotated[list[InputItem] | None, BeforeValidator(_input_items)] = None
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    stream: Annotated[Any, _refuse("stream on /v1/chat/completions instead", (None, False))] = None
+    previous_response_id: Annotated[Any, _refuse("it keeps no conversation state", (None,))] = None
+    conversation: Annotated[Any, _refuse("it keeps no conversation state", (None,))] = None
+    background: Annotated[Any, _refuse("it answers in the foreground only", (None, False))] = None
+    prompt: Annotated[Any, _refuse("stored prompts are not available", (None,))] = None
+    text: Annotated[Any, _refuse("it answers in free text: no json_schema",
+                                 (None, {}, {"format": {"type": "text"}}))] = None
+
+
+# ---------------------------------------------------------------------------------------------- the adapter
+def _param(loc: tuple[int | str, ...]) -> str:
+    """``("messages", 0, "content")`` -> ``messages[0].content``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else part
+    return out
+
+
+def api_error(e: ValidationError, missing: dict[str, str] | None = None) -> APIError:
+    """The first validation error as OpenAI's error object: ``param`` is the parameter's path, ``code`` the
+    project's own code where the model raised it, else ``invalid_type`` / ``invalid_value`` /
+    ``missing_required_parameter``; anything under ``conductor`` is ``invalid_controls``."""
+    err = e.errors(include_url=False)[0]
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and _TAG.match(p)))
+    param = _param(loc)[:120] or None       # a dict key from the body may be long: never echo much of it
+    kind, msg = err["type"], err["msg"]
+    if kind == "missing":
+        code = (missing or _MISSING_CODES).get(param or "", "missing_required_parameter")
+        message = f"Missing required parameter: '{param}'."
+    elif kind == "too_short" and param in (missing or _MISSING_CODES):
+        code, message = (missing or _MISSING_CODES)[param], f"{param} must not be empty"
+    elif kind in _OWN_CODES:
+        code, message = kind, f"{param}: {msg}" if param else msg
+    elif kind.endswith("_type") or kind in ("finite_number", "union_tag_invalid", "model_attributes_type"):
+        code, message = "invalid_type", f"Invalid type for '{param}': {msg[0].lower()}{msg[1:]}."
+    else:
+        code, message = "invalid_value", f"Invalid '{param}': {msg[0].lower()}{msg[1:]}."
+    if code == "unsupported_parameter":
+        message = f"Unsupported parameter: '{param}' is not supported by the conductor ({msg.split(': ', 1)[1]})."
+    if param and param.split(".")[0].split("[")[0] == CONTROLS_FIELD:
+        code = "invalid_controls"
+        if kind == "extra_forbidden":
+            message = (f"{CONTROLS_FIELD}: unknown control {str(loc[-1])!r} (known: "
+                       f"{', '.join(Controls.model_fields)})")
+    return invalid(message[:600], code, param)
+
+
+def _validate(model: type[BaseModel], body: Any, missing: dict[str, str] | None = None) -> Any:
+    if not isinstance(body, dict):
+        raise invalid("the request body must be a JSON object", "invalid_json")
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        raise api_error(e, missing) from None
+
+
+# ---------------------------------------------------------------------------------------------- the question
+def question_from_messages(messages: Sequence[Message], param: str = "messages") -> str:
+    """The question the conductor answers: the last user turn, with any system text and earlier turns above it;
+    a conversation of system/developer text only is that text; one that ends with the assistant is the whole
+    conversation (the answer is the next turn).
+
+    >>> question_from_messages([Message(role="user", content="What is 2+2?")])
     'What is 2+2?'
-    >>> print(question_from_messages([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]))
+    >>> print(question_from_messages([Message(role="system", content="Be brief."), Message(role="user", content="Hi")]))
     Be brief.
     <BLANKLINE>
     Hi
+    >>> question_from_messages([Message(role="developer", content="What is 2+2?")])
+    'What is 2+2?'
     """
-    if not isinstance(messages, list) or not messages:
-        raise invalid(f"{param} must be a non-empty list of messages", "empty_messages", param)
-    system: list[str] = []
-    turns: list[tuple[str, str]] = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise invalid(f"{param}[{i}] must be an object with role and content", "invalid_type", param)
-        role = m.get("role", "user")
-        if role not in ("system", "developer", "user", "assistant"):
-            raise invalid(f"{param}[{i}].role {role!r} is not supported (system, developer, user, assistant)",
-                          "unsupported_role", param)
-        if m.get("tool_calls") or m.get("function_call"):
-            raise unsupported(f"{param}[{i}].tool_calls")
-        text = _text_of(m.get("content"), f"{param}[{i}].content")
-        if role in ("system", "developer"):
-            system.append(text)
-        else:
-            turns.append((role, text))
-    if not turns or turns[-1][0] != "user" or not turns[-1][1].strip():
-        raise invalid(f"{param} must end with a non-empty user message", "empty_messages", param)
-    head = "\n\n".join(s for s in system if s.strip())
-    if len(turns) > 1:
-        earlier = "\n".join(f"{r}: {t}" for r, t in turns[:-1])
-        head = f"{head}\n\nConversation so far:\n{earlier}".strip()
-    return f"{head}\n\n{turns[-1][1]}" if head else turns[-1][1]
+    system = [m.content for m in messages if m.role in ("system", "developer") and m.content.strip()]
+    turns = [(m.role, m.content) for m in messages if m.role in ("user", "assistant") and m.content.strip()]
+    # the last user turn is the question, unless the conversation ends with the assistant (then it is all context)
+    asked = bool(turns) and turns[-1][0] == "user" and messages[-1].role != "assistant"
+    earlier = turns[:-1] if asked else turns
+    head = "\n\n".join(system)
+    if earlier:
+        head = f"{head}\n\nConversation so far:\n" + "\n".join(f"{r}: {t}" for r, t in earlier)
+    head = head.strip()
+    question = head if not asked else f"{head}\n\n{turns[-1][1]}" if head else turns[-1][1]
+    if not question.strip():
+        code = "empty_input" if param == "input" else "empty_messages"
+        raise invalid(f"{param} holds no text to answer", code, param)
+    return question
 
 
-def _names(v: Any, param: str) -> list[str]:
-    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
-        raise bad_controls(f"{param} must be a list of worker names", param)
-    return list(v)
-
-
-def parse_controls(body: dict[str, Any], trace_header: str | None) -> Controls:
-    c = Controls()
-    raw = body.get(CONTROLS_FIELD)
-    if raw is not None:
-        if not isinstance(raw, dict):
-            raise bad_controls(f"{CONTROLS_FIELD} must be an object with any of {', '.join(_CONTROL_KEYS)}",
-                               CONTROLS_FIELD)
-        extra = sorted(set(raw) - set(_CONTROL_KEYS))
-        if extra:
-            raise bad_controls(f"{CONTROLS_FIELD}: unknown control {extra[0]!r} (known: {', '.join(_CONTROL_KEYS)})",
-                               f"{CONTROLS_FIELD}.{extra[0]}")
-        if raw.get("workers") is not None:
-            c.workers = _names(raw["workers"], f"{CONTROLS_FIELD}.workers")
-            if not c.workers:
-                raise bad_controls(f"{CONTROLS_FIELD}.workers must name at least one worker", f"{CONTROLS_FIELD}.workers")
-        if raw.get("exclude_workers") is not None:
-            c.exclude_workers = _names(raw["exclude_workers"], f"{CONTROLS_FIELD}.exclude_workers")
-        mc = raw.get("max_cost")
-        if mc is not None:
-            if isinstance(mc, bool) or not isinstance(mc, int | float) or not math.isfinite(mc) or mc <= 0:
-                raise bad_controls(f"{CONTROLS_FIELD}.max_cost must be a positive number of dollars",
-                                   f"{CONTROLS_FIELD}.max_cost")
-            c.max_cost = float(mc)
-        ms = raw.get("max_steps")
-        if ms is not None:
-            if isinstance(ms, bool) or not isinstance(ms, int) or ms < 1:
-                raise bad_controls(f"{CONTROLS_FIELD}.max_steps must be a positive integer", f"{CONTROLS_FIELD}.max_steps")
-            c.max_steps = ms
-        tr = raw.get("trace")
-        if tr is not None and not isinstance(tr, bool):
-            raise bad_controls(f"{CONTROLS_FIELD}.trace must be true or false", f"{CONTROLS_FIELD}.trace")
-        c.trace = bool(tr)
+def _apply_trace_header(controls: Controls, trace_header: str | None) -> Controls:
     if trace_header is not None and trace_header.strip().lower() in ("enabled", "true", "1", "yes", "on"):
-        c.trace = True
-    return c
-
-
-def _stop(body: dict[str, Any]) -> list[str]:
-    stop = body.get("stop")
-    if stop is None:
-        return []
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
-        raise invalid("stop must be a non-empty string or a list of up to 4 of them", "invalid_value", "stop")
-    return stop
-
-
-def _common(body: dict[str, Any], endpoint: str, max_n: int, trace_header: str | None) -> dict[str, Any]:
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise invalid("model is required (e.g. 'conductor')", "missing_model", "model")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise invalid("stream must be true or false", "invalid_type", "stream")
-    temperature = _num(body, "temperature", 0.0, 2.0)
-    seed = _num(body, "seed", -(2**63), 2**63 - 1, integer=True)
-    return {"endpoint": endpoint, "model": model, "stream": stream, "temperature": temperature, "seed": seed,
-            "controls": parse_controls(body, trace_header)}
+        return controls.model_copy(update={"trace": True})
+    return controls
 
 
 def parse_chat(body: Any, *, max_n: int, max_chars: int, trace_header: str | None = None) -> ServeRequest:
-    if not isinstance(body, dict):
-        raise invalid("the request body must be a JSON object", "invalid_json")
-    for name in _UNSUPPORTED_CHAT:
-        if body.get(name) not in (None, False, [], {}) and not (name == "response_format"
-                                                                and body[name] == {"type": "text"}):
-            raise unsupported(name, "the conductor answers in text only")
-    kw = _common(body, "chat", max_n, trace_header)
-    if "messages" not in body:
-        raise invalid("messages is required", "empty_messages", "messages")
-    question = question_from_messages(body["messages"])
+    b: ChatBody = _validate(ChatBody, body)
+    if b.n > max_n:
+        raise invalid(f"Invalid 'n': this server answers at most {max_n} choices per request (got {b.n}).",
+                      "invalid_value", "n")
+    if b.stream_options is not None and not b.stream:
+        raise invalid("stream_options is only allowed when stream is true", "invalid_value", "stream_options")
+    question = question_from_messages(b.messages)
     _check_size(question, max_chars, "messages")
-    n = _num(body, "n", 1, max_n, integer=True) or 1
-    mt = body.get("max_completion_tokens", body.get("max_tokens"))
-    max_tokens = _num({"max_tokens": mt}, "max_tokens", 1, 10**7, integer=True)
-    so = body.get("stream_options") or {}
-    if not isinstance(so, dict):
-        raise invalid("stream_options must be an object", "invalid_type", "stream_options")
-    return ServeRequest(question=question, n=n, max_tokens=max_tokens, stop=_stop(body),
-                        include_usage=bool(so.get("include_usage")), **kw)
+    return ServeRequest(endpoint="chat", model=b.model, question=question, n=b.n, temperature=b.temperature,
+                        seed=b.seed, max_tokens=b.max_completion_tokens or b.max_tokens, stop=b.stop or [],
+                        stream=bool(b.stream), include_usage=bool((b.stream_options or {}).get("include_usage")),
+                        controls=_apply_trace_header(b.conductor or Controls(), trace_header))
 
 
 def parse_responses(body: Any, *, max_n: int, max_chars: int, trace_header: str | None = None) -> ServeRequest:
-    if not isinstance(body, dict):
-        raise invalid("the request body must be a JSON object", "invalid_json")
-    for name in ("tools", "tool_choice", "previous_response_id", "conversation", "reasoning", "text_format"):
-        if body.get(name) not in (None, [], {}, "auto"):
-            raise unsupported(name, "/v1/responses serves text input and output only")
-    kw = _common(body, "responses", max_n, trace_header)
-    if kw["stream"]:
-        raise unsupported("stream", "stream on /v1/chat/completions instead")
-    raw = body.get("input")
-    if isinstance(raw, str):
-        if not raw.strip():
-            raise invalid("input must not be empty", "empty_input", "input")
-        messages: list[Any] = [{"role": "user", "content": raw}]
-    elif isinstance(raw, list):
-        messages = [m if isinstance(m, dict) and m.get("type", "message") == "message" else
-                    _reject_item(i, m) for i, m in enumerate(raw)]
-    else:
-        raise invalid("input must be a string or a list of messages", "empty_input", "input")
-    instructions = body.get("instructions")
-    if instructions is not None:
-        if not isinstance(instructions, str):
-            raise invalid("instructions must be a string", "invalid_type", "instructions")
-        messages = [{"role": "system", "content": instructions}, *messages]
-    question = question_from_messages(messages, "input")
+    b: ResponsesBody = _validate(ResponsesBody, body, {"model": "missing_model", "input": "empty_input"})
+    items = list(b.input or [])
+    if b.instructions is not None:
+        items.insert(0, InputItem(role="system", content=b.instructions))
+    question = question_from_messages(items, "input")
     _check_size(question, max_chars, "input")
-    max_tokens = _num(body, "max_output_tokens", 1, 10**7, integer=True)
-    return ServeRequest(question=question, max_tokens=max_tokens, **kw)
-
-
-def _reject_item(i: int, item: Any) -> Any:
-    kind = item.get("type") if isinstance(item, dict) else type(item).__name__
-    raise invalid(f"input[{i}]: only message items are supported (got {kind!r})", "unsupported_content", "input")
+    return ServeRequest(endpoint="responses", model=b.model, question=question, temperature=b.temperature,
+                        max_tokens=b.max_output_tokens, controls=_apply_trace_header(b.conductor or Controls(), trace_header))
 
 
 def _check_size(question: str, max_chars: int, param: str) -> None:
