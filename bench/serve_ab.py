@@ -99,7 +99,8 @@ litellm_settings:
 """)
     (tmp / "litellm-log.json").write_text(LITELLM_LOG_CONFIG)
     key = "sk-bench-" + secrets.token_hex(16)
-    env = {**os.environ, "LITELLM_MASTER_KEY": key, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}   # its own venv, alone
+    env.update(LITELLM_MASTER_KEY=key, LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_LOG="ERROR")
     proc = subprocess.Popen([exe, "--config", str(cfg), "--port", str(port), "--host", "127.0.0.1",
                              "--num_workers", "1", "--log_config", str(tmp / "litellm-log.json")],
                             cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
