@@ -7,14 +7,24 @@
    SDK clients sending ``--requests`` chat completions between them, each client one request at a time.
    overhead_i = served latency of question i - direct latency of question i (same workflow, same question:
    the simulated workers' latency and answers are deterministic), reported at its median.
-3. Embedded (``--embedded N``, N > 0): a short run of N requests through ``conductor serve`` over the embedded
+3. Interleaved A/B (bench/serve_ab.py): the same chat completions sent directly to the provider emulator and
+   through `conductor serve` (``fixed:0`` over a one-worker pool on the emulator) and LiteLLM's proxy (when
+   installed in its own virtual environment) over the same emulator, one at a time, alternating, ``--ab-rounds``
+   rounds of ``--ab-per-round``; a gateway's overhead is the median over rounds of its round median minus the
+   direct round median. Beside it, each gateway's own figure from its response header (``x-conductor-overhead-ms``,
+   ``x-litellm-overhead-duration-ms``: total minus the time waiting on the upstream).
+4. Embedded (``--embedded N``, N > 0): a short run of N requests through ``conductor serve`` over the embedded
    pool's installed models (real llama.cpp workers on loopback), to show the same server with real models.
 
 Run: ``python bench/serve.py`` (defaults: 64 clients, 2,000 requests, 0.25 s per call, the ``moa:0+1:2``
-strategy: two proposers in parallel, then an aggregator: 3 worker calls and 0.5 s per request).
-Last line: ``requests=<n> errors=<e> concurrency=<c> p50_ms=<a> p99_ms=<b> overhead_p50_ms=<o> throughput_rps=<r>``.
-Target (issue #35): 0 errors at 64 clients and 2,000 requests, overhead p50 under 5 ms, throughput within 10%
-of the executor alone.
+strategy: two proposers in parallel, then an aggregator: 3 worker calls and 0.5 s per request; 40 A/B rounds of
+10). Server CPU per request is the server process's CPU seconds (user + system, /proc) over the load run's
+requests, divided by their number.
+Last line: ``requests=<n> errors=<e> concurrency=<c> server_cpu_ms_per_request=<ms> ab_overhead_p50_ms=<ms>
+litellm_ab_overhead_p50_ms=<ms> inside_overhead_p50_ms=<ms> throughput_rps=<r>``; ``inside_overhead_p50_ms`` is
+the median of the ``x-conductor-overhead-ms`` header over the A/B's requests through `conductor serve`.
+Targets (issue #49): 0 errors at 64 clients and 2,000 requests, server CPU at most 1.0 ms per request, A/B
+overhead at most 2.0 ms and below LiteLLM's in the same run.
 """
 
 from __future__ import annotations
@@ -28,11 +38,22 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.serve_ab import (  # noqa: E402
+    Target,
+    emulator_pool,
+    interleaved,
+    litellm_executable,
+    median_ms,
+    round_median_overhead,
+    start_emulator,
+    start_litellm,
+)
 from tests.test_serve_support import free_port, questions, simulated_pool  # noqa: E402
 
 
@@ -105,26 +126,31 @@ def start_server(pool_path: Path, strategy: str, port: int, lake: Path, extra: l
     raise SystemExit("conductor serve did not come up")
 
 
+Load = tuple[dict[int, float], dict[int, tuple[float, float]], int, float, list[str]]
+
+
 async def load(clients: list, items: list[tuple[str, str]], warmup: list[tuple[str, str]],
-               ramp_s: float) -> tuple[dict[int, float], dict[int, float], int, float, list[str]]:
+               ramp_s: float, measure: Callable[[], None]) -> Load:
     """Each client sends one request at a time until ``items`` are all asked. The clients are made and
     connected (``warmup``) before the clock starts, as long-lived application clients are: building one
     ``AsyncOpenAI`` loads the CA certificates (~40 ms of CPU each here), which is not serving cost."""
     import openai
 
-    async def ask(c: openai.AsyncOpenAI, q: str) -> tuple[str, str]:
+    async def ask(c: openai.AsyncOpenAI, q: str) -> tuple[str, str, float]:
         raw = await c.chat.completions.with_raw_response.create(model="conductor",
                                                                 messages=[{"role": "user", "content": q}])
         r = raw.parse()
-        return r.choices[0].message.content or "", raw.headers.get("server-timing", "")
+        return (r.choices[0].message.content or "", raw.headers.get("server-timing", ""),
+                float(raw.headers.get("x-conductor-overhead-ms", "nan")))
 
     warm = iter(warmup)
     await asyncio.gather(*(ask(c, next(warm)[0]) for c in clients))
+    measure()                          # CPU counted from here: the warm-up requests and first-request imports are not
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(len(items)):
         queue.put_nowait(i)
     lat: dict[int, float] = {}
-    server: dict[int, float] = {}      # the server's own time per request (Server-Timing: total)
+    server: dict[int, tuple[float, float]] = {}   # per request: Server-Timing total (s), x-conductor-overhead-ms
     errors: list[str] = []
 
     async def client(k: int, c: openai.AsyncOpenAI) -> None:
@@ -133,7 +159,7 @@ async def load(clients: list, items: list[tuple[str, str]], warmup: list[tuple[s
             i = queue.get_nowait()
             t0 = time.perf_counter()
             try:
-                text, timing = await ask(c, items[i][0])
+                text, timing, own_ms = await ask(c, items[i][0])
             except openai.OpenAIError as e:
                 errors.append(f"{i}: {type(e).__name__}: {str(e)[:200]}")
                 continue
@@ -142,7 +168,7 @@ async def load(clients: list, items: list[tuple[str, str]], warmup: list[tuple[s
                 continue
             lat[i] = time.perf_counter() - t0
             parts = dict(p.strip().split(";dur=") for p in timing.split(",") if ";dur=" in p)
-            server[i] = float(parts.get("total", "nan")) / 1000
+            server[i] = (float(parts.get("total", "nan")) / 1000, own_ms)
 
     t0 = time.perf_counter()
     await asyncio.gather(*(client(k, c) for k, c in enumerate(clients)))
@@ -150,16 +176,16 @@ async def load(clients: list, items: list[tuple[str, str]], warmup: list[tuple[s
 
 
 async def run_load(base_url: str, items: list[tuple[str, str]], warmup: list[tuple[str, str]], n_clients: int,
-                   cpu_pid: int, ramp_s: float = 0.0) -> tuple[tuple[dict[int, float], dict[int, float], int, float, list[str]], float, float]:
+                   cpu_pid: int, ramp_s: float = 0.0) -> tuple[Load, float, float]:
     """(load results, server CPU seconds, client CPU seconds) over the measured part only."""
     import openai
 
     clients = [openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=120)
                for _ in range(n_clients)]
+    start: list[float] = []
     try:
-        s0, c0 = cpu_s(cpu_pid), time.process_time()
-        res = await load(clients, items, warmup, ramp_s)
-        return res, cpu_s(cpu_pid) - s0, time.process_time() - c0
+        res = await load(clients, items, warmup, ramp_s, lambda: start.extend((cpu_s(cpu_pid), time.process_time())))
+        return res, cpu_s(cpu_pid) - start[0], time.process_time() - start[1]
     finally:
         await asyncio.gather(*(c.close() for c in clients))
 
@@ -256,6 +282,57 @@ def embedded_run(n: int, tmp: Path, port: int, model: str) -> str:
         stop(proc)
 
 
+def ab_run(tmp: Path, rounds: int, per_round: int) -> tuple[float, float, float, list[str]]:
+    """The interleaved A/B (bench/serve_ab.py): (conductor's overhead ms, LiteLLM's or nan, the median of
+    conductor's own header ms, the lines to print)."""
+    lines: list[str] = []
+    emu_port, port = free_port(), free_port()
+    emu = start_emulator(emu_port)
+    procs: list[subprocess.Popen[bytes]] = [emu]
+    try:
+        proc = start_server(emulator_pool(tmp, emu_port), "fixed:0", port, tmp / "lake-ab")
+        procs.append(proc)
+        direct_t = Target("direct", f"http://127.0.0.1:{emu_port}/v1/chat/completions", "emu-model")
+        ours = Target("conductor serve", f"http://127.0.0.1:{port}/v1/chat/completions", "conductor",
+                      own_header="x-conductor-overhead-ms")
+        targets = [direct_t, ours]
+        exe = litellm_executable()
+        peer: Target | None = None
+        if exe is None:
+            lines.append("litellm: skipped (no `litellm` executable: pip install 'litellm[proxy]' into a separate "
+                         "virtual environment, e.g. /work/venv-litellm, or set $BENCH_LITELLM)")
+        else:
+            ll_port = free_port()
+            try:
+                ll, key = start_litellm(exe, tmp, emu_port, ll_port)
+            except RuntimeError as e:
+                lines.append(f"litellm: skipped ({exe}: {e})")
+            else:
+                procs.append(ll)
+                peer = Target("litellm proxy", f"http://127.0.0.1:{ll_port}/v1/chat/completions", "emu",
+                              headers={"Authorization": f"Bearer {key}"}, own_header="x-litellm-overhead-duration-ms")
+                targets.append(peer)
+        prompts = [q for q, _ in questions(per_round * 4, offset=50_000)]
+        interleaved(targets, prompts, rounds, per_round)
+    finally:
+        for p in reversed(procs):
+            stop(p)
+    for t in targets:
+        n = sum(len(r) for r in t.rounds)
+        lines.append(f"  {t.name:16s} {n} requests, {t.errors} errors, p50 {median_ms([x for r in t.rounds for x in r]) * 1000:.2f} ms"
+                     + (f", its own overhead header p50 {median_ms(t.own):.2f} ms" if t.own_header else ""))
+    ab, lo, hi = round_median_overhead(ours, direct_t)
+    lines.append(f"  A/B overhead, conductor serve - direct: {ab:.2f} ms (median of {rounds} round medians; "
+                 f"rounds p10 {lo:.2f}, p90 {hi:.2f})")
+    peer_ab = float("nan")
+    if peer is not None:
+        peer_ab, lo, hi = round_median_overhead(peer, direct_t)
+        lines.append(f"  A/B overhead, litellm proxy - direct:   {peer_ab:.2f} ms (rounds p10 {lo:.2f}, p90 {hi:.2f})")
+    if any(t.errors for t in targets):
+        lines.append("  A/B errors: " + ", ".join(f"{t.name} {t.errors}" for t in targets))
+    return ab, peer_ab, median_ms(ours.own), lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, default=64)
@@ -268,6 +345,8 @@ def main() -> None:
                          "the direct run's lanes start the same way")
     ap.add_argument("--embedded-model", default="smollm2-135m-instruct")
     ap.add_argument("--warmup", type=int, default=64, help="one request per client before the clock starts")
+    ap.add_argument("--ab-rounds", type=int, default=40, help="rounds of the interleaved A/B (0: skip it)")
+    ap.add_argument("--ab-per-round", type=int, default=10, help="requests per target in each A/B round")
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))
@@ -303,24 +382,38 @@ def main() -> None:
     over = [lat[i] - direct_lat[i] for i in lat]
     rps = len(items) / wall
     print(f"served: {len(items)} requests, {args.clients} clients: wall {wall:.2f} s, {rps:.1f} req/s "
-          f"({rps / direct_rps:.3f} of the executor alone); server exit code on SIGTERM {code}", flush=True)
+          f"({rps / direct_rps:.3f} of the executor alone), latency p50 {pct(served, 0.5) * 1000:.1f} ms, "
+          f"p99 {pct(served, 0.99) * 1000:.1f} ms; server exit code on SIGTERM {code}", flush=True)
     print(f"overhead per request (served - direct, same question): p50 {pct(over, 0.5) * 1000:.2f} ms, "
           f"p90 {pct(over, 0.9) * 1000:.2f} ms", flush=True)
-    inside = [server_lat[i] - direct_lat[i] for i in server_lat]
+    inside = [server_lat[i][0] - direct_lat[i] for i in server_lat]
+    own = [v[1] for v in server_lat.values()]
     print(f"  of which inside the server (Server-Timing total - direct): p50 {pct(inside, 0.5) * 1000:.2f} ms; "
           f"the rest is HTTP on loopback and the SDK client", flush=True)
-    print(f"CPU per request: server {server_cpu / len(items) * 1000:.2f} ms, SDK clients "
+    server_cpu_ms = server_cpu / len(items) * 1000
+    print(f"CPU per request: server {server_cpu_ms:.2f} ms, SDK clients "
           f"{client_cpu / len(items) * 1000:.2f} ms (direct executor: {direct_cpu / len(items) * 1000:.2f} ms); "
           f"the SDK alone on a canned reply: {sdk_floor() * 1000:.2f} ms; load {os.getloadavg()[0]:.2f}",
           flush=True)
+    print(f"the server's own time under load (x-conductor-overhead-ms): p50 {pct(own, 0.5):.2f} ms, "
+          f"p90 {pct(own, 0.9):.2f} ms (at {args.clients} clients it includes waiting for the event loop "
+          f"while other requests' CPU runs)", flush=True)
     lake_rows = next((ln.split()[-1] for ln in metrics.splitlines()
                       if ln.startswith("conductor_serve_lake_rows_written")), "?")
     print(f"lake rows written by the time of the metrics scrape: {lake_rows}", flush=True)
+    ab = peer_ab = inside = float("nan")
+    if args.ab_rounds > 0:
+        print(f"interleaved A/B: {args.ab_rounds} rounds x {args.ab_per_round} requests per target, sequential, "
+              f"over the provider emulator (its own process, no added latency); load {os.getloadavg()[0]:.2f}",
+              flush=True)
+        ab, peer_ab, inside, lines = ab_run(tmp, args.ab_rounds, args.ab_per_round)
+        for line in lines:
+            print(line, flush=True)
     if args.embedded > 0:
         print(embedded_run(args.embedded, tmp, free_port(), args.embedded_model), flush=True)
     shutil.rmtree(tmp, ignore_errors=True)
-    print(f"requests={len(items)} errors={n_err} concurrency={args.clients} p50_ms={pct(served, 0.5) * 1000:.1f} "
-          f"p99_ms={pct(served, 0.99) * 1000:.1f} overhead_p50_ms={pct(over, 0.5) * 1000:.2f} "
+    print(f"requests={len(items)} errors={n_err} concurrency={args.clients} server_cpu_ms_per_request={server_cpu_ms:.2f} "
+          f"ab_overhead_p50_ms={ab:.2f} litellm_ab_overhead_p50_ms={peer_ab:.2f} inside_overhead_p50_ms={inside:.2f} "
           f"throughput_rps={rps:.1f}")
 
 

@@ -16,27 +16,14 @@ from conductor.run.config import RolloutConfig
 from conductor.run.pipeline import RunSpec
 from conductor.run.shards import ShardLoop, Shards, unfinished_shards
 from conductor.run.summary import RunSummary, run_summary
+from flows.fanout import on_dask, runs_remotely
 from tasks.pipeline import TASK_STAGES
+
+__all__ = ["fan_out_shards", "on_dask", "rollout_flow", "window"]
 
 if TYPE_CHECKING:
     from conductor.execution.shared_limits import LimitsSpec
     from conductor.policy.spec import ConductorSpec
-
-
-def _runs_remotely() -> bool:
-    from prefect.context import FlowRunContext
-
-    ctx = FlowRunContext.get()
-    return ctx is not None and type(ctx.task_runner).__name__ in ("DaskTaskRunner", "RayTaskRunner")
-
-
-def on_dask(flow_fn: Any, address: str | None = None, n_workers: int = 2) -> Any:
-    """The same flow with its shards on a Dask cluster: an existing one (``address``) or a local one."""
-    from prefect_dask import DaskTaskRunner
-
-    runner = (DaskTaskRunner(address=address) if address else
-              DaskTaskRunner(cluster_kwargs={"n_workers": n_workers, "threads_per_worker": 1, "processes": True}))
-    return flow_fn.with_options(task_runner=runner)
 
 
 @flow(name="conductor-rollout", persist_result=False)
@@ -62,7 +49,7 @@ def rollout_flow(config: RolloutConfig) -> RunSummary:
     log.info("%s run %s: %d questions x %d samples in %d shards", c.kind, c.run_id, len(qs), c.group_size, len(shards))
     todo = unfinished_shards(shards, spec, c.lake)
     limits: LimitsSpec | str | None = c.limits
-    if todo and _runs_remotely():  # fan out: each Dask/Ray worker builds its own runtime from the plain specs
+    if todo and runs_remotely():  # fan out: each Dask/Ray worker builds its own runtime from the plain specs
         from conductor.execution.shared_limits import default_spec
 
         limits = limits or default_spec(c.cache, fans_out=True)   # one quota for every worker process

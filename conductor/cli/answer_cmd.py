@@ -8,6 +8,7 @@ from typing import Any
 import typer
 
 from conductor.cli import app, fail
+from conductor.cli.dask_option import DASK_HELP, check_dask
 from conductor.cli.run_options import CONFIG_HELP, build_config, config_options
 from conductor.run.config import AnswerConfig
 
@@ -21,6 +22,7 @@ def answer_cmd(
     config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
     replace: bool = typer.Option(False, "--replace", help="Answer into an --out that holds another question "
                                  "set's answers, replacing its answers.jsonl, summary.json and report/."),
+    dask: str = typer.Option(None, "--dask", help=DASK_HELP),
     **options: Any,
 ) -> None:
     """Answer a question set with the conductor over a worker pool; resumable; prints a summary.
@@ -30,10 +32,18 @@ def answer_cmd(
     from conductor.run.preflight import UsageError, claim_out, prepare_answer
 
     cfg = build_config(AnswerConfig, ctx, config, options)   # options: the generated ones (field -> value)
+    if dask:
+        if cfg.batch:
+            fail("--batch sends every shard's calls through shared provider batches from one process; "
+                 "drop --dask or --batch")
+        check_dask(dask)
     try:  # every check before Prefect starts: bad input is one `error:` line (exit 2), not a traceback
         prepared = prepare_answer(cfg, hand_over=True)   # the flow takes these inputs instead of preparing again
     except UsageError as e:
         fail(str(e))
+    if dask and any(getattr(w, "batch", None) for w in prepared.pool.workers):
+        fail(f"{cfg.pool}: a worker says batch: true, and provider batches are shared by every shard from one "
+             "process; drop --dask")
     try:
         lock = claim_out(prepared.out, cfg.questions, replace)  # noqa: F841 - held until the command ends
     except (UsageError, OSError) as e:
@@ -41,8 +51,13 @@ def answer_cmd(
     from conductor.cli.boundary import flow_errors
     from flows.answer import answer_flow
 
+    flow_fn = answer_flow
+    if dask:
+        from flows.fanout import on_cluster
+
+        flow_fn = on_cluster(answer_flow, dask)
     with flow_errors():
-        summary = answer_flow(prepared.config)
+        summary = flow_fn(prepared.config)
     typer.echo(summary.render())
     typer.echo(f"answers: {summary.answers}\nreport:  {summary.report}\nlake:    {summary.lake}")
     code, why = summary.outcome()

@@ -9,6 +9,7 @@ from typing import Any
 import typer
 
 from conductor.cli import app, fail
+from conductor.cli.dask_option import DASK_HELP, check_dask
 from conductor.cli.run_options import CONFIG_HELP, build_config, config_options
 from conductor.policy.spec import ConductorSpec
 from conductor.run.config import EvaluateConfig, NightlyConfig, RolloutConfig
@@ -56,50 +57,25 @@ def _check_nightly(cfg: NightlyConfig) -> None:
         fail(f"served_labels {labels}: no such file (a labels file: JSONL, CSV or Parquet with question and answer)")
 
 
-def check_dask(address: str) -> None:
-    """``local:N`` or ``[tcp://]HOST:PORT`` that resolves and accepts a connection within a few seconds."""
-    import socket
-    from concurrent.futures import ThreadPoolExecutor
-    from concurrent.futures import TimeoutError as FutureTimeout
-
-    if address.startswith("local:"):
-        n = address.split(":", 1)[1]
-        if not n.isdigit() or int(n) < 1:
-            fail(f"--dask {address!r}: local:N needs a number of workers >= 1")
-        return
-    host, _, port = address.split("://", 1)[-1].rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        fail(f"--dask {address!r}: expected local:N or a scheduler address tcp://HOST:PORT")
-    ex = ThreadPoolExecutor(max_workers=1)
-    try:
-        ex.submit(socket.create_connection, (host.strip("[]"), int(port)), 3).result(timeout=5).close()
-    except FutureTimeout:
-        fail(f"--dask {address}: no answer from {host}:{port} within 5 s")
-    except OSError as e:
-        fail(f"--dask {address}: cannot reach the scheduler ({e.strerror or e})")
-    finally:
-        ex.shutdown(wait=False)
-
-
 @app.command("rollout")
 @config_options(RolloutConfig, argument="questions", exclude=("kind",))
 def rollout_cmd(
     ctx: typer.Context,
-    dask: str = typer.Option(None, "--dask", help="Run shards on a Dask cluster: its address, or 'local:N' for N local workers."),
+    dask: str = typer.Option(None, "--dask", help=DASK_HELP),
     config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
     **options: Any,
 ) -> None:
     """Sample GRPO groups with the conductor, execute, score, and write them to the lake."""
     from conductor.cli.boundary import flow_errors
-    from flows.rollout import on_dask, rollout_flow
+    from flows.fanout import on_cluster
+    from flows.rollout import rollout_flow
 
     cfg = build_config(RolloutConfig, ctx, config, options)
     _check(Path(cfg.pool), {"--conductor": cfg.conductor}, cfg.run_id, cfg.k, cfg.questions, cfg.limit)
     fn = rollout_flow
     if dask:
         check_dask(dask)
-    if dask:
-        fn = on_dask(rollout_flow, n_workers=int(dask.split(":", 1)[1])) if dask.startswith("local:") else on_dask(rollout_flow, dask)
+        fn = on_cluster(rollout_flow, dask)
     with flow_errors():
         out = fn(cfg)
     typer.echo(json.dumps(out.to_json(), indent=2, default=str))

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Protocol
 from conductor.execution.cache import ResponseCache, cache_key, messages_hash
 from conductor.execution.ratelimit import RateLimiter
 from conductor.execution.retry import RetryPolicy, call_with_retries, with_timeout
+from conductor.execution.upstream import awaiting_upstream
 from conductor.trajectory import CallRecord
 from conductor.workers.cost import call_cost
 from conductor.workers.faults import plan_faults
@@ -256,7 +257,8 @@ class Executor:
         """
         while (pending := self._in_flight.get(key)) is not None:
             try:
-                return await asyncio.shield(pending)
+                with awaiting_upstream():
+                    return await asyncio.shield(pending)
             except (ProviderError, asyncio.CancelledError):
                 task = asyncio.current_task()
                 own_cancel = not pending.done() or (task is not None and task.cancelling() > 0)
@@ -337,7 +339,8 @@ class Executor:
                 reply = (provider.complete(messages, sample_index=sample_index) if sink is None
                          else stream_completion(provider, messages, sink, sample_index=sample_index))
                 try:
-                    c = await with_timeout(reply, budget - permit.paused_s, who)
+                    with awaiting_upstream():     # the server's overhead is its time minus this (execution/upstream.py)
+                        c = await with_timeout(reply, budget - permit.paused_s, who)
                 except ProviderError as e:
                     permit.settle(0)
                     if e.kind == "rate_limited":

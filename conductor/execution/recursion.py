@@ -18,6 +18,7 @@ last call of round d-1.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -80,7 +81,11 @@ def conductor_fn_from_backend(backend: PolicyBackend, params: GenerationParams) 
     return call
 
 
+@functools.lru_cache(maxsize=1024)
 def _parse(text: str, n_workers: int, max_steps: int, allow_empty: bool) -> Workflow | ParseError:
+    """Memoised: both results are frozen, and a server answering with a strategy (or a greedy conductor on
+    repeated questions) parses the same few texts again and again; the parse was the largest piece of a
+    served request's CPU after HTTP (docs/serving.md, "Overhead")."""
     from conductor.parser import parse_workflow
 
     return parse_workflow(text, n_workers=n_workers, max_steps=max_steps, allow_empty=allow_empty)

@@ -42,6 +42,10 @@ class RunProgress:
         """Trajectories already in the lake from an earlier run."""
         self._progress.advance(self._task, n)
 
+    def advance(self, n: int) -> None:
+        """Trajectories done elsewhere (a shard finished on a Dask worker)."""
+        self._progress.advance(self._task, n)
+
     def done(self, t: Trajectory) -> None:
         with self._lock:
             self.calls += sum(1 for c in t.calls if not c.cache_hit)

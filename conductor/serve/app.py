@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
@@ -29,6 +30,7 @@ from conductor.serve.errors import APIError, internal
 from conductor.serve.metrics import CONTENT_TYPE, Metrics
 from conductor.serve.requests import TRACE_HEADER, ServeRequest, parse_chat, parse_responses
 from conductor.serve.stream import AnswerStream
+from conductor.serve.timing import OverheadTiming
 from conductor.workers.secrets import redact
 
 if TYPE_CHECKING:
@@ -290,6 +292,7 @@ def create_app(config: ServeConfig, engine: ServeEngine | None = None) -> Starle
               Route("/health", server.health, methods=["GET"]),
               Route("/metrics", server.metrics_text, methods=["GET"])]
     app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={HTTPException: http_error, Exception: crash})
+                    exception_handlers={HTTPException: http_error, Exception: crash},
+                    middleware=[Middleware(OverheadTiming, metrics=server.metrics)])   # x-conductor-overhead-ms
     app.state.server = server
     return app

@@ -23,6 +23,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from conductor.execution.upstream import awaiting_upstream
 from conductor.policy.spec import is_embedded_checkpoint
 from conductor.serve.errors import APIError, bad_controls, unknown_model, upstream
 from conductor.workers.secrets import redact
@@ -140,7 +141,8 @@ class GenerationBatcher:
             self._tasks[id(model)] = asyncio.create_task(self._loop(model, q))
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         await q.put((trajs, spec, fut))
-        await fut
+        with awaiting_upstream():        # the conductor model's time, not the server's (execution/upstream.py)
+            await fut
 
     async def _loop(self, model: Model, q: asyncio.Queue[_Pending]) -> None:
         from conductor.run.overlap import generation_batch

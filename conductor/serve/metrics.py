@@ -1,5 +1,5 @@
-"""Prometheus metrics of one server (prometheus_client, its own registry): requests, latency, worker calls,
-dollars, tokens, errors by type, lake rows. Served as text on ``GET /metrics``."""
+"""Prometheus metrics of one server (prometheus_client, its own registry): requests, latency, the server's own
+time (overhead), worker calls, dollars, tokens, errors by type, lake rows. Served as text on ``GET /metrics``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from conductor.serve.engine import Outcome
 
+# the server's own time per request (conductor/serve/timing.py): tenths of a millisecond to 100 ms
+_OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025,
+                     0.05, 0.1)
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -22,6 +25,9 @@ class Metrics:
                                  ["endpoint"], buckets=_BUCKETS, registry=r)
         self.workflow = Histogram("conductor_serve_workflow_seconds", "Conductor + workflow execution per request",
                                   ["model"], buckets=_BUCKETS, registry=r)
+        self.overhead = Histogram("conductor_serve_overhead_seconds", "The server's own time per request: total "
+                                  "minus the time spent waiting on workers and the conductor model", ["endpoint"],
+                                  buckets=_OVERHEAD_BUCKETS, registry=r)
         self.in_flight = Gauge("conductor_serve_in_flight", "Requests being answered", registry=r)
         self.worker_calls = Counter("conductor_serve_worker_calls", "Worker calls made for served requests",
                                     ["worker", "cache_hit"], registry=r)
@@ -47,6 +53,9 @@ class Metrics:
         if found is None:
             found = self._children[key] = metric.labels(*labels)
         return found
+
+    def observe_overhead(self, endpoint: str, seconds: float) -> None:
+        self.child(self.overhead, endpoint).observe(seconds)
 
     def outcome(self, out: Outcome) -> None:
         child = self.child
