@@ -366,7 +366,7 @@ def train_menu(a: argparse.Namespace, menu: Any, train: Sequence[Question], cost
     math_q = [q for q in train if q.domain == "math"]
     mcq_q = [q for q in train if q.domain != "math"]
     t0 = time.perf_counter()
-    train_routing(trainer, rollout, math_q, mcq_q, s, a.questions_per_iteration, menu.specs(),
+    train_routing(trainer, rollout, math_q, mcq_q, s, a.questions_per_iteration, [w.name for w in menu.pool.workers],
                   run_prefix=f"menu-l{cost_lambda:g}", choices=menu.shares)
     print(f"  trained lambda={cost_lambda:g}: {a.iterations} iterations in {time.perf_counter() - t0:.0f} s", flush=True)
     trainer.save(str(model_dir), checkpoint_id=f"workflow-menu-l{cost_lambda:g}", overwrite=True)
@@ -431,8 +431,10 @@ def cmd_replay(a: argparse.Namespace) -> int:
         trained[f"{lam:g}"] = point(f"trained (lambda={lam:g})", rows, test_ids)
         chosen_by[f"{lam:g}"] = chosen
         results[f"trained-l{lam:g}"] = rows
-    if a.hybrid_lambda is not None:     # the hybrid menu on GSM8K: when is GPT-4 worth its price?
-        gsm_train = [q for q in by_split["train"] if q.domain == "math"]
+    gsm_train = [q for q in by_split["train"] if q.domain == "math"]
+    if a.hybrid_lambda is not None and not gsm_train:
+        print("hybrid menu: no recorded GSM8K training question yet; not trained", flush=True)
+    elif a.hybrid_lambda is not None:     # the hybrid menu on GSM8K: when is GPT-4 worth its price?
         hmenu = hybrid_menu()
         backend = train_menu(a, hmenu, gsm_train, a.hybrid_lambda, Path(a.state) / f"model-hybrid-l{a.hybrid_lambda:g}")
         gsm_test_q = [q for q in by_split["test"] if q.domain == "math"]
