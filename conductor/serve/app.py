@@ -21,7 +21,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from conductor.serve import render
-from conductor.serve.auth import Admission, ClientLimiter, KeyStore
+from conductor.serve.auth import Admission, ClientLimiter, KeyStore, check_keyless
 from conductor.serve.config import ServeConfig
 from conductor.serve.engine import Model, ServeEngine
 from conductor.serve.errors import APIError, internal, invalid
@@ -109,6 +109,10 @@ class Server:
             raise invalid(f"the request body is not valid JSON ({str(e).split(':')[0]})", "invalid_json") from None
 
     def authenticate(self, request: Request) -> str:
+        """The key's name; without keys, only a loopback Host and (for a POST) a JSON body get through."""
+        if self.keys.open:
+            check_keyless(request.headers.get("host"), request.headers.get("content-type"),
+                          request.method == "POST")
         return self.keys.identify(request.headers.get("authorization"))
 
     # ------------------------------------------------------------------ routes
@@ -164,13 +168,14 @@ class Server:
 
     async def _stream(self, req: ServeRequest, model: Model, spec: RunSpec, release: _Once,
                       t0: float) -> AsyncIterator[bytes]:
-        cid = f"chatcmpl-{self.engine.request_id()}"
+        rid = self.engine.request_id()     # the id of the stream's chunks, its lake row and its trace
+        cid = f"chatcmpl-{rid}"
         created = int(time.time())
         model_name = model.model_id
         status = 200
         self.metrics.in_flight.inc()
         answer = AnswerStream(req.n, self.engine.answer_depth(spec, model), req.stop, req.max_tokens)
-        task = asyncio.create_task(self.engine.run(req, model, spec, answer=answer))
+        task = asyncio.create_task(self.engine.run(req, model, spec, answer=answer, request_id=rid))
         try:
             first = render.chunk(cid, model_name, created, [{"index": i, "delta": {"role": "assistant", "content": ""},
                                                               "logprobs": None, "finish_reason": None}
@@ -246,21 +251,31 @@ class Server:
         return _json({"object": "list", "data": data})
 
     async def health(self, request: Request) -> Response:
+        """200 ``ok``; 503 ``unhealthy`` while served rows cannot be written to the lake (they are kept for a
+        retry, and counted as lost past the retry queue); ``registry_error`` while the champion registry
+        cannot be read (the last good champion keeps serving)."""
         e = self.engine
         w = e.writer
-        return _json({"status": "ok", "pool": e.live.pool.id if e.live is not None else None,
+        failing = w is not None and w.failing
+        lake = None if w is None else {"rows_written": w.rows_written, "shards": w.shards_written,
+                                       "errors": w.errors, "rows_pending": w.rows_pending,
+                                       "rows_lost": w.rows_lost, "last_error": w.last_error}
+        return _json({"status": "unhealthy" if failing else "ok",
+                      "pool": e.live.pool.id if e.live is not None else None,
                       "champion": e.champion.checkpoint_id if e.champion else None,
                       "default": e.default.checkpoint_id if e.default else None,
-                      "champion_reloads": e.reloads, "uptime_s": round(time.time() - self.started, 1),
+                      "champion_reloads": e.reloads, "registry_error": e.registry_error,
+                      "uptime_s": round(time.time() - self.started, 1),
                       "batches": {"conductor_batches": e.batcher.batches, "prompts": e.batcher.prompts},
-                      "lake": None if w is None else {"rows_written": w.rows_written, "shards": w.shards_written,
-                                                      "errors": w.errors}})
+                      "lake": lake}, 503 if failing else 200)
 
     async def metrics_text(self, request: Request) -> Response:
         self.metrics.champion_reloads.set(self.engine.reloads)
         w = self.engine.writer
         if w is not None:
             self.metrics.lake_rows.set(w.rows_written)
+            self.metrics.lake_errors.set(w.errors)
+            self.metrics.lake_rows_lost.set(w.rows_lost)
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
 
