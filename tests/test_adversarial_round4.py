@@ -16,7 +16,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -210,7 +209,7 @@ def test_8_a_keyless_server_answers_loopback_json_only(tmp_path):
     with LiveServer(cfg) as s:
         assert ask(s.base_url, 0).choices[0].message.content          # the SDK: loopback, JSON
         url = f"{s.base_url}/chat/completions"
-        for host in ("evil.example", "evil.example:%d" % s.port, "127.0.0.1.evil.example", "10.0.0.5"):
+        for host in ("evil.example", f"evil.example:{s.port}", "127.0.0.1.evil.example", "10.0.0.5"):
             r = httpx.post(url, content=body, headers={"Host": host, "Content-Type": "application/json"})
             assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed", (host, r.text)
         r = httpx.get(f"{s.base_url}/models", headers={"Host": "evil.example"})
@@ -219,7 +218,7 @@ def test_8_a_keyless_server_answers_loopback_json_only(tmp_path):
             headers = {"Content-Type": ctype} if ctype else {}
             r = httpx.post(url, content=body, headers=headers)
             assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type", (ctype, r.text)
-        for host in ("localhost:%d" % s.port, "[::1]:%d" % s.port, "127.0.0.1"):
+        for host in (f"localhost:{s.port}", f"[::1]:{s.port}", "127.0.0.1"):
             r = httpx.post(url, content=body, headers={"Host": host, "Content-Type": "application/json; charset=utf-8"})
             assert r.status_code == 200, (host, r.text)
 
