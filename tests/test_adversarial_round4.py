@@ -454,3 +454,23 @@ def test_low_reload_redirects_only_to_a_page_of_the_viewer(tmp_path):
     assert r.status_code == 303 and r.headers["location"] == "/runs"
     r = client.post("/reload", headers={"referer": "http://127.0.0.1:8765/trajectories?run=r1"})
     assert r.headers["location"] == "/trajectories?run=r1"
+
+
+# --------------------------------------------------------------------------- the cheap Low items
+
+def test_low_emulator_rpm_0_headroom_mistakes_and_a_compaction_that_merges_nothing(tmp_path):
+    one_error(run("emulator", "--rpm", "0"), "--rpm 0")
+    q = tmp_path / "one.jsonl"
+    q.write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n")
+    one_error(run("headroom", str(q), "--out", str(tmp_path / "h"), "--pool", SIM_POOL), "at least 2 questions")
+    one_error(run("headroom", "--lake", str(tmp_path), "--out", str(tmp_path / "h"), "--cost-weight", "inf"),
+              "--cost-weight inf")
+    from conductor.lake.compact import compact
+    from conductor.lake.writer import write_shard
+    from lake_records import traj
+
+    root = str(tmp_path / "lake")
+    for i in range(2):
+        write_shard(root, [traj("r1", f"q{i}", 0, kind="answer")], f"s{i}")
+    line = compact(root, target_mb=0.0001).line()
+    assert "nothing merged" in line and "--target-mb (0.0001 MB)" in line
