@@ -283,8 +283,8 @@ def create_app(config: ServeConfig, engine: ServeEngine | None = None) -> Starle
     """The app; the engine starts (pool, default conductor, champion) in the app's lifespan."""
     server = Server(config, engine)
     if server.keys.open:
-        log.warning("conductor serve: no API keys configured (set $%s or --keys-file): every client is accepted",
-                    config.api_keys_env)
+        log.warning("conductor serve: no API keys configured (set $%s or --keys-file): every loopback client is "
+                    "accepted (Host 127.0.0.1, localhost or [::1]; JSON bodies only)", config.api_keys_env)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
