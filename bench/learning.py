@@ -49,6 +49,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.argtypes import positive_float  # noqa: E402
 from conductor.files import atomic_write_text, save_figure  # noqa: E402
 from conductor.learning.routing import (  # noqa: E402
     DOMAINS,
@@ -69,7 +70,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--group-size", type=int, default=8, help="GRPO group size G (samples per question)")
     ap.add_argument("--eval-questions", type=int, default=32, help="held-out questions, half math half MCQ")
     ap.add_argument("--eval-samples", type=int, default=2, help="samples per held-out question")
-    ap.add_argument("--lr", type=float, default=3e-5)
+    ap.add_argument("--lr", type=positive_float, default=3e-5)
     ap.add_argument("--lr-schedule", default="constant", choices=["cosine", "constant"])
     ap.add_argument("--min-lr-ratio", type=float, default=0.0, help="cosine floor as a fraction of --lr")
     ap.add_argument("--seed", type=int, default=0)

@@ -63,6 +63,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.argtypes import positive_float  # noqa: E402
 from conductor.execution.greedy import ReuseExecutor  # noqa: E402 (bench/workflow_probe.py imports it from here too)
 from conductor.files import atomic_write_text, save_figure  # noqa: E402
 
@@ -103,7 +104,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="the subtask vocabulary, by name (conductor.decoding.subtasks.SUBTASK_LABELS)")
     ap.add_argument("--fewshot", default="ood:1", help="conductor prompt's few-shot policy (conductor.prompts)")
     ap.add_argument("--subpool-k", type=int, default=None, help="randomized k-of-n sub-pool per training question")
-    ap.add_argument("--lr", type=float, default=5e-6,
+    ap.add_argument("--lr", type=positive_float, default=5e-6,
                     help="at 2e-5 the choice-only loss collapsed the policy to one workflow in 3 iterations")
     ap.add_argument("--lr-schedule", default="constant", choices=["cosine", "constant"])
     ap.add_argument("--temperature", type=float, default=1.0, help="rollout sampling temperature")

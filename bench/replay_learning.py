@@ -48,6 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.argtypes import float_list, fractions, positive_float  # noqa: E402
 from conductor.files import atomic_path, atomic_write_text, save_figure  # noqa: E402
 from conductor.policy.prefill import ROUTING_PREFILL, PrefilledBackend, RoutingConstraint  # noqa: E402
 
@@ -58,12 +59,12 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pool", default=str(ROOT / "data" / "pools" / "replay-gsm8k.yaml"))
     ap.add_argument("--dataset", default="gsm8k_test", help="the recorded question set (a dataset spec)")
-    ap.add_argument("--lambdas", default="0,0.25,1", help="cost weights to train, comma-separated (0 = accuracy only)")
+    ap.add_argument("--lambdas", type=float_list, default="0,0.25,1", help="cost weights to train, comma-separated (0 = accuracy only)")
     ap.add_argument("--iterations", type=int, default=40)
     ap.add_argument("--questions-per-iteration", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=3e-5)
-    ap.add_argument("--split", default="0.6,0.2", help="train and validation fractions (test is the rest)")
+    ap.add_argument("--lr", type=positive_float, default=3e-5)
+    ap.add_argument("--split", type=fractions, default="0.6,0.2", help="train and validation fractions (test is the rest)")
     ap.add_argument("--max-cost-ratio", type=float, default=0.6, help="the lambda pick's dollar limit vs the best worker")
     ap.add_argument("--tolerance", type=float, default=0.01, help="the lambda pick's accuracy tolerance vs the best worker")
     ap.add_argument("--max-per-split", type=int, default=None, help="cap each split (a slice of a large set)")
@@ -79,8 +80,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
                     "trained policies' recorded test probabilities are re-scored against the re-graded replies")
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 iterations, 2 lambdas, small splits")
     a = ap.parse_args(argv)
-    a.lambdas = [float(x) for x in a.lambdas.split(",") if x.strip()]
-    a.train_frac, a.val_frac = (float(x) for x in a.split.split(","))
+    a.train_frac, a.val_frac = a.split
     if a.quick:
         a.iterations, a.questions_per_iteration, a.group_size, a.lambdas = 2, 2, 4, [0.0, 1.0]
         a.limit = 60
@@ -446,19 +446,41 @@ def rescore_policies(path: str, single: dict[str, dict[str, dict[str, Any]]], na
         print("    escalation: " + json.dumps(escalation_table(rows, single, names[0], names[1])), flush=True)
 
 
+def _inputs(a: argparse.Namespace) -> tuple[Any, dict[str, list[Any]]]:
+    """The pool and the split questions, or one ``error:`` line (exit 2) for a missing pool, an unknown
+    dataset, a pool without two workers, or a split left with fewer than 2 questions."""
+    from conductor.data.datasets import DatasetError
+    from conductor.workers.pool import PoolError, load_pool
+    from conductor.workers.recordings import RecordingError
+
+    try:
+        pool = load_pool(a.pool)
+        if len(pool.workers) < 2:
+            raise PoolError(f"{a.pool}: the bench routes between two workers; the pool has {len(pool.workers)}")
+        splits = _questions(a, pool)
+    except (PoolError, DatasetError, RecordingError, OSError) as e:
+        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        raise SystemExit(2) from None
+    small = [f"{k} {len(v)}" for k, v in splits.items() if len(v) < 2]   # headroom and GRPO need two at least
+    if small:
+        print(f"error: --dataset {a.dataset} --split {a.train_frac:g},{a.val_frac:g}: a split left (nearly) empty "
+              f"({', '.join(small)} of {sum(map(len, splits.values()))} recorded questions); every split needs 2 "
+              "or more: give more questions or other fractions", file=sys.stderr)
+        raise SystemExit(2)
+    return pool, splits
+
+
 def main(argv: list[str] | None = None) -> None:
     a = _args(argv)
+    pool, splits = _inputs(a)        # mistakes are one line before torch loads
     import torch
 
     torch.set_num_threads(a.threads)
     from conductor.stats.headroom import PolicyOutcome, headroom_report
-    from conductor.workers.pool import load_pool
 
     t_start = time.time()
     st = State(a.state)
-    pool = load_pool(a.pool)
     strong, weak = pool.workers[0].name, pool.workers[1].name
-    splits = _questions(a, pool)
     print(f"replay learning: pool={pool.id} questions train={len(splits['train'])} validation="
           f"{len(splits['validation'])} test={len(splits['test'])} lambdas={a.lambdas} iterations={a.iterations} "
           f"questions/iter={a.questions_per_iteration} G={a.group_size} state={a.state}", flush=True)

@@ -74,6 +74,7 @@ from typing import Any, Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.argtypes import positive_float, rate  # noqa: E402
 from conductor.files import atomic_write_text  # noqa: E402
 from conductor.learning.routing import DOMAINS, RoutingSettings, format_choices, summarize  # noqa: E402
 from conductor.policy.menu import MENU_PREFILL, MenuBackend, WorkflowMenu  # noqa: E402
@@ -352,8 +353,8 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--regime", default="named", choices=["named", "random"])
     ap.add_argument("--pool", default=str(ROOT / "data" / "pools" / "simulated-robust-understudy.yaml"))
     ap.add_argument("--faulty", default="sim-mathwiz", help="the named regime's faulty worker")
-    ap.add_argument("--wrong-answer", type=float, default=0.5, help="faults.wrong_answer of the faulty worker")
-    ap.add_argument("--inject", type=float, default=0.2, help="faults.inject.rate of the faulty worker")
+    ap.add_argument("--wrong-answer", type=rate, default=0.5, help="faults.wrong_answer of the faulty worker")
+    ap.add_argument("--inject", type=rate, default=0.2, help="faults.inject.rate of the faulty worker")
     ap.add_argument("--chain", default=",".join(CHAIN), help="the fixed chain's workers, in order")
     ap.add_argument("--moa", default="+".join(MOA[0]) + ":" + MOA[1], help="Mixture-of-Agents: proposers:aggregator")
     ap.add_argument("--menu", default="", metavar="SPECS|shapes",
@@ -368,7 +369,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--iterations", type=int, default=30, help="8 were too few to learn the routing (docs/faults.md)")
     ap.add_argument("--questions-per-iteration", type=int, default=4, help="half math, half MCQ")
     ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=3e-5, help="1e-4 collapsed onto one worker in 1-6 updates (docs/faults.md)")
+    ap.add_argument("--lr", type=positive_float, default=3e-5, help="1e-4 collapsed onto one worker in 1-6 updates (docs/faults.md)")
     ap.add_argument("--train-seed", type=int, default=0, help="the trainer's seed (rollout seeds follow it)")
     ap.add_argument("--kl-beta", type=float, default=0.0,
                     help="KL penalty to the starting policy (GRPOConfig.kl_beta); 0: none, as the paper")

@@ -80,7 +80,8 @@ def test_plain_jsonl_with_no_options(tmp_path):
     p.write_text('{"id": "a", "question": "1+1?", "answer": "2"}\n\n{"id": "b", "question": "Name a colour."}\n')
     qs = load_file(p)
     assert [q.id for q in qs] == ["a", "b"]          # the user's own ids, so answers go back under them
-    assert qs[0].gold == "2" and qs[1].gold is None and qs[0].domain == "free"
+    assert qs[0].gold == "2" and qs[1].gold is None
+    assert qs[0].domain == "math" and qs[1].domain == "free"    # no domain field: a number answer is math
 
 
 def test_csv_and_parquet_with_column_mapping(tmp_path):

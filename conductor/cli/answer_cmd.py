@@ -59,6 +59,10 @@ def answer_cmd(
     with flow_errors():
         summary = flow_fn(prepared.config)
     typer.echo(summary.render())
+    from conductor.data.datasets import inferred_domain_note
+
+    if note := inferred_domain_note(prepared.questions):
+        typer.echo(note)
     typer.echo(f"answers: {summary.answers}\nreport:  {summary.report}\nlake:    {summary.lake}")
     code, why = summary.outcome()
     if code:

@@ -25,7 +25,7 @@ def emulator(port: int = typer.Option(8765, help="Port on 127.0.0.1."),
     if config is not None and not config.is_file():
         fail(f"{config}: no such emulator config file")
     argv = ["--port", str(port), "--latency", str(latency), "--jitter", str(jitter)]
-    argv += ["--rpm", str(rpm)] if rpm else []
+    argv += ["--rpm", str(rpm)] if rpm is not None else []   # 0 is refused there, never read as "no limit"
     argv += ["--config", str(config)] if config else []
     main(argv)
 

@@ -180,6 +180,8 @@ def headroom_cmd(
     """Run (or read) each worker alone and check the pool's headroom: per-worker accuracy and dollars, the
     random-mix line, the cross-fit routing oracle and the any-correct oracle with 95% intervals and paired tests,
     and a verdict: pool-bound (no router can win here) or router-bound (a router could)."""
+    import math
+
     from conductor.cli.compare_cmd import _plan, _read_runs, _run_all, expand
     from conductor.data.datasets import DatasetError
     from conductor.data.questionset import load_questions
@@ -187,6 +189,8 @@ def headroom_cmd(
     from conductor.stats.headroom import headroom_report
     from conductor.workers.pool import PoolError, load_pool
 
+    if not math.isfinite(cost_weight):    # inf would be written to headroom.json as a bare Infinity
+        fail(f"--cost-weight {cost_weight}: must be a finite number >= 0")
     try:
         if questions is None:
             if not lake:
@@ -198,9 +202,12 @@ def headroom_cmd(
             if runs:
                 fail("--runs selects runs to read: leave out QUESTIONS, or leave out --runs to run the workers")
             lake = lake or str(out / "lake")
-            if not load_questions(questions, limit):
-                fail(f"{questions}: no questions to run")
+            n_questions = len(load_questions(questions, limit))
+            if n_questions < 2:   # found now, not after running every worker
+                fail(f"{questions}: headroom needs at least 2 questions (got {n_questions})")
             manifest = load_pool(pool)
+            if len(manifest.workers) < 2 and options.strip() == "fixed:*":
+                fail(f"{pool}: headroom compares workers; the pool has {len(manifest.workers)}")
             plan = _plan(expand(split_strategies(options), len(manifest.workers)), "auto", manifest, 1)
             ran, _ = _run_all(plan, questions, out, lake, pool, limit=limit, shard_size=shard_size, seed=seed,
                               temperature=None, max_tokens=768, fewshot="auto", constrained=None,

@@ -50,10 +50,12 @@ def view_cmd(lake: list[str] = typer.Option(..., "--lake", envvar="CONDUCTOR_LAK
     import sys
 
     from conductor.lake.schema import LakeSchemaError
-    from conductor.lake.storage import open_location
+    from conductor.lake.storage import open_location, s3_credentials_problem
 
     logging.basicConfig(level=logging.WARNING, format="warning: %(message)s", stream=sys.stderr)
     for root in lake:
+        if problem := s3_credentials_problem(root):   # before any network use (DNS, the credentials chain)
+            fail(f"lake {root}: {problem}")
         loc = open_location(root)
         if loc.is_local and not loc.fs.exists(loc.root):
             fail(f"lake {root}: no such directory")

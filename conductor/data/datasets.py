@@ -443,13 +443,16 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 QUESTION_ALIASES = ("question", "problem", "prompt", "input")
 
 
-def load_file(path: str | os.PathLike[str], *, dataset: str | None = None, domain: Domain = "free",
+def load_file(path: str | os.PathLike[str], *, dataset: str | None = None, domain: Domain | None = None,
               columns: ColumnMap | dict[str, Any] | None = None, split: str = "", fmt: str | None = None,
               instruction: str | None = None, limit: int | None = None) -> list[Question]:
     """Questions from any JSONL/CSV/Parquet file (local path or fsspec URL such as ``s3://``).
 
     A row's id is the user's own (``id`` column); rows without one get ``<dataset>/<split or all>/<row index>``. ``choices`` may be a list
-    or a JSON string; ``tests`` may be code (function-style) or a list of ``{"input","output"}``."""
+    or a JSON string; ``tests`` may be code (function-style) or a list of ``{"input","output"}``. A row without
+    its own domain gets ``domain``; when that is None too, the row's answer decides (``_inferred_domain``: a
+    number is math, anything else free text; ``metadata["domain_from"] = "answer"`` marks those rows, and
+    ``inferred_domain_note`` says so once)."""
     cols = columns if isinstance(columns, ColumnMap) else ColumnMap(**(columns or {}))
     base = "stdin" if str(path) == STDIN else str(path).rstrip("/").rsplit("/", 1)[-1]
     dataset = dataset or base.split(".", 1)[0]
@@ -465,9 +468,12 @@ def load_file(path: str | os.PathLike[str], *, dataset: str | None = None, domai
             if qid in seen:
                 raise DatasetError(f"{where}: duplicate id {qid!r}")
             seen.add(qid)
-            dom, tests, entry = _row_code(row, cols, _row_domain(row, cols, domain, where), where)
+            dom, tests, entry = _row_code(row, cols, _row_domain(row, cols, domain or "free", where), where)
             gold = row.get(cols.answer) if cols.answer else None
             meta: dict[str, Any] = {"row": i}
+            if domain is None and _inferred_domain(row, cols, dom, gold) == "math":
+                dom = "math"
+                meta[DOMAIN_FROM] = "answer"      # said once by the command that ran them (inferred_domain_note)
             try:
                 choices = _row_choices(row, cols, dom, where)
                 if choices is not None:
@@ -553,6 +559,46 @@ def _row_choices(row: dict[str, Any], cols: ColumnMap, dom: Domain, where: str) 
     if not isinstance(choices, list) or len(choices) < 2:
         raise DatasetError(f"{where}: field {cols.choices!r} must be a list of >= 2 options")
     return [str(c) for c in choices]
+
+
+_NUMBER = re.compile(r"^[-+]?(\d{1,3}(,\d{3})+|\d+)?(\.\d+)?$|^[-+]?\d+/\d+$")
+
+
+def is_number_answer(gold: Any) -> bool:
+    """A gold answer that is a number: an int or float, or text such as ``42``, ``-3.5``, ``1,234`` or ``3/4``.
+
+    >>> [is_number_answer(g) for g in (18, 2.5, "1,234", " -7 ", "3/4", "Paris", "", True, "1e5x")]
+    [True, True, True, True, True, False, False, False, False]
+    """
+    if isinstance(gold, bool):
+        return False
+    if isinstance(gold, int | float):
+        return gold == gold and abs(gold) != float("inf")
+    text = str(gold).strip() if isinstance(gold, str) else ""
+    return any(c.isdigit() for c in text) and _NUMBER.match(text) is not None
+
+
+DOMAIN_FROM = "domain_from"
+
+
+def inferred_domain_note(questions: list[Question]) -> str | None:
+    """One line saying how many questions had no domain and were graded as math because their answer is a
+    number (None when none were)."""
+    n = sum(1 for q in questions if q.metadata.get(DOMAIN_FROM) == "answer")
+    if not n:
+        return None
+    return (f"note: {n} question{'s' if n > 1 else ''} without a 'domain' field graded as math (the answer is a "
+            "number); give each row a domain to choose")
+
+
+def _inferred_domain(row: dict[str, Any], cols: ColumnMap, dom: Domain, gold: Any) -> Domain:
+    """The domain of a row that names none (no ``domain``/``kind``, no choices, no tests): math when its answer
+    is a number (GSM8K-style files graded as free text failed "18" against "The answer is 18."), else ``dom``."""
+    has_own = cols.domain and any(row.get(c) not in (None, "") for c in {cols.domain, "kind"})
+    has_choices = cols.choices and row.get(cols.choices) not in (None, "")
+    if dom != "free" or has_own or has_choices or not is_number_answer(gold):
+        return dom
+    return "math"
 
 
 def _row_domain(row: dict[str, Any], cols: ColumnMap, default: Domain, where: str) -> Domain:

@@ -121,9 +121,14 @@ def read_served(lake: str) -> ServedTraffic:
 
 
 def select_labelled(traffic: ServedTraffic, labels: str) -> ServedSelection:
-    """The rows of ``labels`` whose question was served (see the module docstring for the matching rules)."""
+    """The rows of ``labels`` whose question was served (see the module docstring for the matching rules).
+
+    One row per question: a repeated label (same question text or same request id, same answer) is kept
+    once; two rows that label one question with different answers are a DatasetError naming both lines
+    (training on both would reward two contradicting answers)."""
     dataset = os.path.basename(str(labels).rstrip("/")).split(".", 1)[0]
     rows: list[dict[str, Any]] = []
+    first: dict[str, tuple[int, str]] = {}      # question key -> (line, answer) of its first label row
     n = 0
     for i, (lineno, row) in enumerate(iter_rows(labels)):
         n += 1
@@ -132,8 +137,19 @@ def select_labelled(traffic: ServedTraffic, labels: str) -> ServedSelection:
         if not isinstance(text, str) or not text.strip():
             raise DatasetError(f"{labels}:{lineno}: missing or empty field 'question'")
         label_id = None if row.get("id") in (None, "") else str(row["id"])
-        if traffic.asked(label_id, text):
-            rows.append({**row, "id": label_id or f"{dataset}/all/{i}"})
+        if not traffic.asked(label_id, text):
+            continue
+        answer = "" if row.get("answer") is None else str(row["answer"]).strip()
+        keys = [f"text:{normalize_question(text)}"] + ([f"id:{label_request_id(label_id)}"] if label_id else [])
+        seen = next((first[k] for k in keys if k in first), None)
+        if seen is not None:
+            if seen[1] != answer:
+                raise DatasetError(f"{labels}:{lineno}: labels a served question that line {seen[0]} already "
+                                   f"labels with another answer ({seen[1]!r} there, {answer!r} here); keep one")
+            continue
+        for k in keys:
+            first[k] = (lineno, answer)
+        rows.append({**row, "id": label_id or f"{dataset}/all/{i}"})
     return ServedSelection(rows=rows, labels=n, requests=traffic.requests)
 
 

@@ -57,12 +57,17 @@ class CompactReport:
     written: int = 0              # compacted pairs written
     rows: int = 0                 # trajectories rows moved into them
     leftovers_removed: int = 0    # files of earlier, interrupted compactions deleted
+    target_mb: float = 0.0        # the target it merged towards
 
     def line(self) -> str:
+        why = ""
+        if not self.written and self.files_before:   # say why nothing was merged
+            why = (f"; nothing merged: a file is merged only with others while it is under half of --target-mb "
+                   f"({self.target_mb:g} MB), and no partition had two such files")
         return (f"{self.partitions} partitions: {self.files_before} -> {self.files_after} files "
                 f"({self.bytes_before / 1e6:.1f} MB -> {self.bytes_after / 1e6:.1f} MB), "
                 f"{self.written} compacted pairs written holding {self.rows} trajectories, "
-                f"{self.leftovers_removed} leftover files removed")
+                f"{self.leftovers_removed} leftover files removed{why}")
 
 
 @dataclass
@@ -84,7 +89,7 @@ def compact(lake_root: str | LakeLocation, *, run_id: str | None = None, kind: s
             check_key(name, value)
     if target_mb <= 0:
         raise ValueError(f"target_mb must be positive, not {target_mb:g}")
-    report = CompactReport()
+    report = CompactReport(target_mb=target_mb)
     with _lock(loc):
         lake = open_lake(loc)
         vis = lake.visibility()

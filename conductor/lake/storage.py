@@ -32,6 +32,31 @@ def check_key(name: str, value: str) -> str:
     return value
 
 
+def s3_credentials_problem(url: str) -> str | None:
+    """Why an ``s3://`` lake cannot be read without first asking the network for credentials, or None.
+
+    botocore's chain ends at the EC2 instance metadata service, which a machine off EC2 answers only after
+    timeouts (and a traceback): unless a credential source is configured (the ``AWS_*`` keys, a profile or
+    shared credentials file, a web identity or container credentials), the lake is refused before any network
+    use. On EC2 with an instance role, set ``AWS_EC2_METADATA_DISABLED=false`` to say so.
+    """
+    env = os.environ
+    if not url.startswith(("s3://", "s3a://")):
+        return None
+    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
+        return None
+    if any(env.get(k) for k in ("AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                                "AWS_CONTAINER_CREDENTIALS_FULL_URI")):
+        return None
+    if env.get("AWS_EC2_METADATA_DISABLED", "").lower() == "false":
+        return None
+    files = (env.get("AWS_SHARED_CREDENTIALS_FILE") or "~/.aws/credentials", env.get("AWS_CONFIG_FILE") or "~/.aws/config")
+    if any(os.path.isfile(os.path.expanduser(f)) for f in files):
+        return None
+    return ("no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL for a "
+            "non-AWS store) or AWS_PROFILE; on EC2 with an instance role, AWS_EC2_METADATA_DISABLED=false")
+
+
 @dataclass
 class LakeLocation:
     """An opened lake root: the fsspec filesystem, the root path inside it, and how to address files."""

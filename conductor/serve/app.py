@@ -22,7 +22,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from conductor.serve import render
-from conductor.serve.auth import Admission, ClientLimiter, KeyStore
+from conductor.serve.auth import Admission, ClientLimiter, KeyStore, check_keyless
 from conductor.serve.body import parse_json, read_capped
 from conductor.serve.config import ServeConfig
 from conductor.serve.engine import Model, ServeEngine
@@ -101,6 +101,10 @@ class Server:
         return parse_json(raw)
 
     def authenticate(self, request: Request) -> str:
+        """The key's name; without keys, only a loopback Host and (for a POST) a JSON body get through."""
+        if self.keys.open:
+            check_keyless(request.headers.get("host"), request.headers.get("content-type"),
+                          request.method == "POST")
         return self.keys.identify(request.headers.get("authorization"))
 
     # ------------------------------------------------------------------ routes
@@ -156,13 +160,14 @@ class Server:
 
     async def _stream(self, req: ServeRequest, model: Model, spec: RunSpec, release: _Once,
                       t0: float) -> AsyncIterator[bytes]:
-        cid = f"chatcmpl-{self.engine.request_id()}"
+        rid = self.engine.request_id()     # the id of the stream's chunks, its lake row and its trace
+        cid = f"chatcmpl-{rid}"
         created = int(time.time())
         model_name = model.model_id
         status = 200
         self.metrics.in_flight.inc()
         answer = AnswerStream(req.n, self.engine.answer_depth(spec, model), req.stop, req.max_tokens)
-        task = asyncio.create_task(self.engine.run(req, model, spec, answer=answer))
+        task = asyncio.create_task(self.engine.run(req, model, spec, answer=answer, request_id=rid))
         try:
             first = render.chunk(cid, model_name, created, [{"index": i, "delta": {"role": "assistant", "content": ""},
                                                               "logprobs": None, "finish_reason": None}
@@ -238,21 +243,31 @@ class Server:
         return _json({"object": "list", "data": data})
 
     async def health(self, request: Request) -> Response:
+        """200 ``ok``; 503 ``unhealthy`` while served rows cannot be written to the lake (they are kept for a
+        retry, and counted as lost past the retry queue); ``registry_error`` while the champion registry
+        cannot be read (the last good champion keeps serving)."""
         e = self.engine
         w = e.writer
-        return _json({"status": "ok", "pool": e.live.pool.id if e.live is not None else None,
+        failing = w is not None and w.failing
+        lake = None if w is None else {"rows_written": w.rows_written, "shards": w.shards_written,
+                                       "errors": w.errors, "rows_pending": w.rows_pending,
+                                       "rows_lost": w.rows_lost, "last_error": w.last_error}
+        return _json({"status": "unhealthy" if failing else "ok",
+                      "pool": e.live.pool.id if e.live is not None else None,
                       "champion": e.champion.checkpoint_id if e.champion else None,
                       "default": e.default.checkpoint_id if e.default else None,
-                      "champion_reloads": e.reloads, "uptime_s": round(time.time() - self.started, 1),
+                      "champion_reloads": e.reloads, "registry_error": e.registry_error,
+                      "uptime_s": round(time.time() - self.started, 1),
                       "batches": {"conductor_batches": e.batcher.batches, "prompts": e.batcher.prompts},
-                      "lake": None if w is None else {"rows_written": w.rows_written, "shards": w.shards_written,
-                                                      "errors": w.errors}})
+                      "lake": lake}, 503 if failing else 200)
 
     async def metrics_text(self, request: Request) -> Response:
         self.metrics.champion_reloads.set(self.engine.reloads)
         w = self.engine.writer
         if w is not None:
             self.metrics.lake_rows.set(w.rows_written)
+            self.metrics.lake_errors.set(w.errors)
+            self.metrics.lake_rows_lost.set(w.rows_lost)
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
 
@@ -260,8 +275,8 @@ def create_app(config: ServeConfig, engine: ServeEngine | None = None) -> Starle
     """The app; the engine starts (pool, default conductor, champion) in the app's lifespan."""
     server = Server(config, engine)
     if server.keys.open:
-        log.warning("conductor serve: no API keys configured (set $%s or --keys-file): every client is accepted",
-                    config.api_keys_env)
+        log.warning("conductor serve: no API keys configured (set $%s or --keys-file): every loopback client is "
+                    "accepted (Host 127.0.0.1, localhost or [::1]; JSON bodies only)", config.api_keys_env)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

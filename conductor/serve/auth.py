@@ -28,6 +28,37 @@ if TYPE_CHECKING:
     from conductor.execution.shared_limits import Lease, SQLiteKey, SQLiteLimits
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def check_keyless(host: str | None, content_type: str | None, post: bool) -> None:
+    """A server without API keys answers loopback clients only: ``Host`` must name a loopback address (a web
+    page elsewhere cannot reach it through DNS rebinding), and a POST body must be declared JSON (a cross-site
+    form or ``text/plain`` POST, which a browser sends without asking, would run a billed workflow). With
+    keys, the key is the check (a browser cannot attach one cross-site).
+
+    >>> check_keyless("127.0.0.1:8000", "application/json; charset=utf-8", post=True)
+    >>> try:
+    ...     check_keyless("evil.example:8000", "application/json", post=True)
+    ... except APIError as e:
+    ...     print(e.status, e.code)
+    403 host_not_allowed
+    """
+    name = (host or "").strip().lower()
+    if name.startswith("["):             # [::1]:8000
+        name = name[1:].partition("]")[0]
+    elif name.count(":") == 1:
+        name = name.partition(":")[0]
+    if name not in LOOPBACK_HOSTS:
+        raise APIError(403, "invalid_request_error", "host_not_allowed",
+                       f"Host {host!r}: this server has no API keys, so it answers loopback names only "
+                       "(127.0.0.1, localhost, [::1]); configure keys to serve other names")
+    media = (content_type or "").partition(";")[0].strip().lower()
+    if post and media != "application/json":
+        raise APIError(415, "invalid_request_error", "unsupported_media_type",
+                       f"Content-Type {content_type or '(none)'!r}: send the body as application/json")
+
+
 def hash_key(key: str) -> str:
     """SHA-256 hex digest: what is stored and compared instead of the key.
 

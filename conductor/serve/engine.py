@@ -217,6 +217,7 @@ class ServeEngine:
         self._ids = itertools.count()
         self.instance = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.reloads = 0
+        self.registry_error: str | None = None   # why the registry could not be read, until it can
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> None:
@@ -234,7 +235,7 @@ class ServeEngine:
             self.live = live = stack.enter_context(serving(manifest, conductor=default_spec))
             self.executor = live.executor(cfg.cache, limits=cfg.limits)
             self.default = self._model(live.policy, live.checkpoint_id, default_spec)
-            entry = self._champion_entry()
+            _, entry = self._champion_entry()
             if entry is not None:
                 self.champion = self._load_entry(entry)
             if cfg.lake:
@@ -287,14 +288,20 @@ class ServeEngine:
             raise RuntimeError("ServeEngine: start() has not run")
         return self.live.pool
 
-    def _champion_entry(self) -> CheckpointEntry | None:
+    def _champion_entry(self) -> tuple[bool, CheckpointEntry | None]:
+        """(readable, the registry's champion or None). An unreadable registry is not "no champion": the
+        caller keeps what it serves, and ``registry_error`` says why until a read succeeds (``/health``)."""
         from conductor.run.runtime import _champion
 
         try:
-            return _champion(f"champion@{self.registry_uri}")[1]
+            entry = _champion(f"champion@{self.registry_uri}")[1]
         except Exception as e:  # noqa: BLE001 - an unreadable registry keeps the current model serving
-            log.warning("registry %s: cannot read the champion: %s", self.registry_uri, redact(str(e)))
-            return None
+            self.registry_error = redact(f"{type(e).__name__}: {e}")
+            log.warning("registry %s: cannot read the champion, still serving %s: %s", self.registry_uri,
+                        self.champion.checkpoint_id if self.champion else "the default", self.registry_error)
+            return False, None
+        self.registry_error = None
+        return True, entry
 
     def _load_entry(self, entry: CheckpointEntry) -> Model:
         from conductor.run.runtime import conductor_policy
@@ -318,7 +325,9 @@ class ServeEngine:
 
     async def reload_champion(self) -> bool:
         """Pick up a promotion (or a rollback) now; True when the champion changed."""
-        entry = await asyncio.to_thread(self._champion_entry)
+        readable, entry = await asyncio.to_thread(self._champion_entry)
+        if not readable:
+            return False
         current = self.champion.checkpoint_id if self.champion else None
         new_id = entry.checkpoint_id if entry is not None else None
         if new_id == current:
@@ -416,7 +425,7 @@ class ServeEngine:
                        max_dollars_per_question=min(caps) if caps else None, date=date)
 
     def _base_spec(self, model: Model, workers: list[str] | None, exclude: list[str], max_steps: int) -> RunSpec:
-        from conductor.policy.strategies import StrategyError, check_strategy
+        from conductor.policy.strategies import StrategyError, check_strategy, strategy_pool
         from conductor.prompts import resolve_fewshot
         from conductor.run.pipeline import RunSpec
 
@@ -427,6 +436,9 @@ class ServeEngine:
             problem = model.checked.get(key)
             if problem is None:
                 try:
+                    if strategy_pool(model.spec, pool) is not pool:   # the controls excluded its vote tool
+                        raise StrategyError(f"strategy {str(model.spec)!r} needs its vote tool worker, which "
+                                            "conductor.exclude_workers removed")
                     check_strategy(model.spec, pool, max_steps)
                     problem = ""
                 except StrategyError as e:
@@ -449,12 +461,14 @@ class ServeEngine:
         return 0 if model.strategy else spec.recursion_depth
 
     async def run(self, req: ServeRequest, model: Model | None = None, spec: RunSpec | None = None,
-                  answer: AnswerSinks | None = None) -> Outcome:
+                  answer: AnswerSinks | None = None, request_id: str | None = None) -> Outcome:
         """Plan, generate and execute the request's workflows; raise APIError for what the client must see.
 
         A ``model`` passed in must already be held (``Model.acquire``) by the caller, who releases it: a
         champion swapped out between resolving and running is then still open. ``answer``: where the
-        executor streams the answer as it is produced (``stream: true``; conductor/serve/stream.py)."""
+        executor streams the answer as it is produced (``stream: true``; conductor/serve/stream.py).
+        ``request_id``: the id the client already saw (a stream's first chunk), else a new one; the lake row
+        and the trace carry the same."""
         from conductor.data.questions import Question
         from conductor.execution.executor import ANSWER_STREAM, Budget
         from conductor.execution.recursion import conductor_fn_from_backend, execute_batch
@@ -466,7 +480,7 @@ class ServeEngine:
             model = (await self.resolve(req.model)).acquire()
         try:
             spec = spec or self.spec_for(req, model)
-            rid = self.request_id()
+            rid = request_id or self.request_id()
             q = Question(id=f"served/{rid}", dataset="served", domain="free", prompt=req.question)
             trajs = plan([q], spec)
             async with asyncio.timeout(self.config.request_timeout_s):
@@ -505,6 +519,12 @@ class ServeEngine:
         failed = [t for t in trajs if t.infra_failed]
         if failed:
             raise upstream(f"the workflow failed on infrastructure: {failed[0].infra_cause or 'unknown cause'}")
+        unrun = [t for t in trajs if t.parse_status != "ok"]
+        if unrun:    # no workflow ran: an empty answer would look like one (the row is in the lake to debug it)
+            root = unrun[0].root
+            why = f"{unrun[0].parse_status}: {root.parse_error}" if root and root.parse_error else unrun[0].parse_status
+            raise APIError(502, "api_error", "no_workflow",
+                           f"the conductor ({model.checkpoint_id}) wrote no workflow that could run ({why})")
         return out
 
 
@@ -524,8 +544,8 @@ def restrict_pool(pool: Pool, allowed: list[str] | None, excluded: list[str]) ->
                                f"(workers: {', '.join(names)})", param)
     if allowed is None and not excluded:
         return pool
-    keep = [w for w in pool.workers if (allowed is None or w.name in allowed or w.provider == "vote")
+    keep = [w for w in pool.workers if (allowed is None or w.name in allowed or w.provider in ("vote", "agree"))
             and w.name not in excluded]
-    if not [w for w in keep if w.provider != "vote"]:
+    if not [w for w in keep if w.provider not in ("vote", "agree")]:
         raise bad_controls("the controls leave no worker to call", "conductor.workers")
     return pool.model_copy(update={"workers": tuple(keep)})

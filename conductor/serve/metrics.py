@@ -42,6 +42,10 @@ class Metrics:
         self.champion_reloads = Gauge("conductor_serve_champion_reloads", "Champion changes picked up", registry=r)
         self.lake_rows = Gauge("conductor_serve_lake_rows_written", "Served trajectories written to the lake",
                                registry=r)
+        self.lake_errors = Gauge("conductor_serve_lake_write_errors", "Lake shard writes that failed (retried)",
+                                 registry=r)
+        self.lake_rows_lost = Gauge("conductor_serve_lake_rows_lost", "Served trajectories never written "
+                                    "(the retry queue was full)", registry=r)
 
         self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
 

@@ -34,6 +34,7 @@ from conductor.lake.view.training import charts
 HERE = Path(__file__).resolve().parent
 LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
 PAGE_SIZE = 50
+MAX_INT = 10**12          # an offset or limit past this is a typo (DuckDB's OFFSET would overflow further on)
 
 
 def _pct(v: Any) -> str:
@@ -59,9 +60,32 @@ def _templates() -> Jinja2Templates:
 def _int(request: Request, name: str, default: int = 0) -> int:
     raw = request.query_params.get(name, "")
     try:
-        return max(0, int(raw)) if raw else default
+        value = max(0, int(raw)) if raw else default
     except ValueError:
-        raise FilterError(f"{name}: {raw!r} is not a whole number") from None
+        raise FilterError(f"{name}: {raw[:40]!r} is not a whole number") from None
+    if value > MAX_INT:
+        raise FilterError(f"{name}: {raw[:40]} is past the largest value, {MAX_INT:,}")
+    return value
+
+
+def _local_path(referer: str | None) -> str:
+    """Where ``POST /reload`` sends the browser back: the referring page's path on this viewer, never another
+    site (an open redirect).
+
+    >>> _local_path("http://127.0.0.1:8765/trajectories?run=r1"), _local_path("https://evil.example/x")
+    ('/trajectories?run=r1', '/runs')
+    >>> _local_path("//evil.example/x"), _local_path(None)
+    ('/runs', '/runs')
+    """
+    from urllib.parse import urlsplit
+
+    if not referer:
+        return "/runs"
+    parts = urlsplit(referer)
+    host = (parts.hostname or "").lower()
+    if host not in ("127.0.0.1", "localhost", "::1") or not parts.path.startswith("/") or parts.path.startswith("//"):
+        return "/runs"
+    return parts.path + (f"?{parts.query}" if parts.query else "")
 
 
 def _lake(request: Request) -> int | None:
@@ -194,7 +218,7 @@ class Views:
         self.data.reload()
         if self.warm:
             self.data.warm()
-        return RedirectResponse(request.headers.get("referer") or "/runs", status_code=303)
+        return RedirectResponse(_local_path(request.headers.get("referer")), status_code=303)
 
 
 def create_app(roots: list[str], *, allowed_hosts: list[str] | None = None, threads: int = 2,

@@ -99,6 +99,18 @@ class LakeData:
         self.options()
 
     def query(self, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
+        """Rows of ``sql``. A file listed at start that is gone (``lake compact`` replaced it, a shard was
+        removed) makes DuckDB fail to open it: the files are listed again (``reload``) and the query asked once
+        more, so the page shows the lake as it is now instead of an error until someone presses reload."""
+        import duckdb
+
+        try:
+            return self._query(sql, params)
+        except duckdb.IOException:
+            self.reload()
+            return self._query(sql, params)
+
+    def _query(self, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
         cur = self._con.cursor()
         try:
             cur.execute(sql, params or [])
@@ -168,16 +180,24 @@ class LakeData:
             if val not in ("", None):
                 conds.append(f"{col} = ?")
                 params.append(val)
-        source = "trajectories"
+        import duckdb
+
+        def ask(source: str) -> list[dict[str, Any]]:
+            return self.query(f"SELECT * EXCLUDE (completion_token_ids, completion_logprobs), "
+                              f"len(completion_token_ids) AS n_completion_tokens FROM {source} "
+                              f"WHERE {' AND '.join(conds)} LIMIT 1", params)
+
         files = self._shard_files.get((lake, run_id, shard)) if lake is not None else None
         if files:   # the shard's own file (or the compacted file holding it): no planning over the whole lake
             listing = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
-            source = (f"(SELECT {int(lake or 0)}::INTEGER AS lake, * FROM read_parquet([{listing}], "
-                      f"hive_partitioning=true, union_by_name=true, hive_types={self._hive}, filename=true) "
-                      f"UNION ALL BY NAME SELECT NULL::INTEGER AS lake, * FROM _empty_trajectories)")
-        rows = self.query(f"SELECT * EXCLUDE (completion_token_ids, completion_logprobs), "
-                          f"len(completion_token_ids) AS n_completion_tokens FROM {source} "
-                          f"WHERE {' AND '.join(conds)} LIMIT 1", params)
+            try:
+                rows = ask(f"(SELECT {int(lake or 0)}::INTEGER AS lake, * FROM read_parquet([{listing}], "
+                           f"hive_partitioning=true, union_by_name=true, hive_types={self._hive}, filename=true) "
+                           f"UNION ALL BY NAME SELECT NULL::INTEGER AS lake, * FROM _empty_trajectories)")
+            except duckdb.IOException:   # the shard's file is gone (compacted since): the view was listed again
+                rows = ask("trajectories")
+        else:
+            rows = ask("trajectories")
         return rows[0] if rows else None
 
     def calls(self, row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -186,8 +206,13 @@ class LakeData:
         name = str(row.get("filename") or "")
         paired = name.replace("/trajectories/", "/calls/", 1) if "/trajectories/" in name else ""
         if paired and paired in self._calls_files:
-            return self.query("SELECT * FROM read_parquet(?) WHERE trajectory_id = ? ORDER BY call_index",
-                              [paired, row["trajectory_id"]])
+            import duckdb
+
+            try:
+                return self.query("SELECT * FROM read_parquet(?) WHERE trajectory_id = ? ORDER BY call_index",
+                                  [paired, row["trajectory_id"]])
+            except duckdb.IOException:   # compacted since the row was read: ask the (listed again) view
+                pass
         return self.query("SELECT * FROM calls WHERE trajectory_id = ? AND run_id = ? AND lake = ? "
                           "ORDER BY call_index", [row["trajectory_id"], row["run_id"], row["lake"]])
 
