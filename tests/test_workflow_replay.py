@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conductor.data.questions import Question
 from conductor.execution.cache import ResponseCache, cache_key
 from conductor.execution.executor import Executor
-from conductor.data.questions import Question
 from conductor.policy.fixed import FixedWorkflowPolicy
 from conductor.policy.menu import WorkflowMenu
 from conductor.policy.spec import StrategyError, parse_conductor_spec
@@ -279,10 +279,9 @@ def test_grpo_over_the_menu_trains_on_replayed_rollouts_only(recorded, tmp_path)
     import sys
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from grpo_fixtures import tiny_checkpoint
-
     from conductor.learning.routing import RoutingSettings, make_routing_conductor, train_routing
     from conductor.policy.menu import MENU_PREFILL, MenuBackend
+    from grpo_fixtures import tiny_checkpoint
 
     menu, cache, *_ = recorded
     s = RoutingSettings(n_workers=len(menu), iterations=2, lr=1e-3, group_size=4, prefill=MENU_PREFILL,
