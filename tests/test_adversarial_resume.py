@@ -161,3 +161,16 @@ workers:
     assert len(answers(out)) == 4
     s3 = answer(q, out, pool=str(pool), shard_size=2)    # answered now: a third run calls nothing
     assert s3.infra_failed_questions == 0 and emulator.stats().get("openai:ok", 0) == 4
+
+
+def test_the_summary_names_the_workers_the_workflows_called(tmp_path):
+    out = tmp_path / "out"
+    s = answer(write_questions(tmp_path / "q.jsonl", 6), out, conductor="random:7", shard_size=3)
+    calls = scan(str(out / "lake"), "calls", kind="answer", run_id=s.run_id).collect()
+    expected = {w: [n, calls.filter(pl.col("worker") == w)["trajectory_id"].n_unique()]
+                for w, n in calls["worker"].value_counts().iter_rows()}
+    assert s.workers_used == expected and len(expected) >= 2
+    assert list(s.workers_used.values()) == sorted(s.workers_used.values(), key=lambda v: -v[0])
+    line = next(ln for ln in s.render().splitlines() if ln.strip().startswith("workers used"))
+    for w, (n, q) in s.workers_used.items():
+        assert f"{w} {n} call{'s' if n != 1 else ''} in {q} of 6 questions" in line
