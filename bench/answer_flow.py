@@ -91,19 +91,20 @@ def busy_core() -> Iterator[None]:
         spinner.wait()
 
 
-def llama_rates(threads: int) -> tuple[float, float]:
-    """(prefill, decode) tokens/s of the 1.5B under llama.cpp on this machine, measured now."""
+def llama_rates(threads: int, scale: int = 1) -> tuple[float, float]:
+    """(prefill, decode) tokens/s of the 1.5B under llama.cpp on this machine, measured now (on 1/``scale`` of
+    the usual 480 prompt and 48 generated tokens: ``--quick``)."""
     from llama_cpp import Llama
 
     from conductor.local.embedded import model_path
 
     llm = Llama(model_path=str(model_path(BIG)), n_ctx=2048, n_threads=threads, verbose=False)
-    prompt = llm.tokenize(("The quick brown fox jumps over the lazy dog. " * 60).encode())[:480]
+    prompt = llm.tokenize(("The quick brown fox jumps over the lazy dog. " * 60).encode())[:480 // scale]
     t0 = time.perf_counter()
     llm.eval(prompt)
     prefill = len(prompt) / (time.perf_counter() - t0)
     t0 = time.perf_counter()
-    out = llm.create_completion("Count from one to fifty in words:", max_tokens=48, temperature=0)
+    out = llm.create_completion("Count from one to fifty in words:", max_tokens=48 // scale, temperature=0)
     decode = out["usage"]["completion_tokens"] / (time.perf_counter() - t0)
     return prefill, decode
 
@@ -206,7 +207,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         print(f"answer flow bench: {a.questions} conductor={a.conductor} pool={a.pool or 'embedded local'} "
               f"max_steps={a.max_steps} load={os.getloadavg()[0]:.1f}", flush=True)
-        prefill_rate, decode_rate = llama_rates(os.cpu_count() or 1)
+        if a.quick:   # a smoke run: the rates on one thread (no second thread spinning on a loaded machine)
+            prefill_rate, decode_rate = llama_rates(1, scale=4)
+        else:
+            prefill_rate, decode_rate = llama_rates(os.cpu_count() or 1)
         print(f"[rates]  1.5B llama.cpp here: prefill {prefill_rate:.1f} tok/s, decode {decode_rate:.1f} tok/s", flush=True)
         prefixes = work / "prefix-cache"      # empty: the first run on a machine saves the conductor's prefixes
         first_s, first = _answer(a.questions, work / "first", "bench-first", extra, prefixes=prefixes)
@@ -258,8 +262,9 @@ def report_floors(c: dict[str, float], s: dict[str, float], rates: tuple[float, 
           f"{c['conductor_decode']:.0f}; 1.5B worker prefill {c['worker_prefill']:.0f} decode {c['worker_decode']:.0f}; "
           f"other calls {c['other_call_s']:.1f}s -> floor {c_floor:.1f}s/q (measured {c_spq:.1f}{first})", flush=True)
     print(f"[tokens/q{label}] single:    1.5B prefill {s['worker_prefill']:.0f} decode {s['worker_decode']:.0f} "
-          f"-> floor {s_floor:.1f}s/q (measured {s_spq:.1f}); floor ratio {c_floor / s_floor:.2f}", flush=True)
-    return c_floor / s_floor
+          f"-> floor {s_floor:.1f}s/q (measured {s_spq:.1f}); floor ratio "
+          f"{c_floor / s_floor if s_floor else float('nan'):.2f}", flush=True)
+    return c_floor / s_floor if s_floor else float("nan")
 
 
 def run_busy(a: argparse.Namespace, work: Path, extra: list[str], common: list[str], prefixes: Path,

@@ -109,7 +109,7 @@ def _run_hub(cwd: Path, name: str, limit: int) -> subprocess.CompletedProcess[st
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "CONDUCTOR_SHARED_DATA"))}
     env.update(PYTHONPATH=str(ROOT), HF_HOME=str(cwd / "hf-home"), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
     return subprocess.run([sys.executable, "-c", HUB_SCRIPT, name, str(limit)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=600)
 
 
 def test_a_request_larger_than_the_package_rows_comes_from_the_hub(tmp_path):
@@ -159,11 +159,11 @@ def test_a_bare_clone_answers_the_quickstart_questions_and_fails_larger_ones_in_
     env.update(PYTHONPATH=str(clone), HF_HOME=str(tmp_path / "hf-home"), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
     ok = subprocess.run([sys.executable, "-c", "from conductor.data.questionset import load_questions as l; "
                          "print(len(l('gsm8k_test:5,mmlu_stem:5')))"], cwd=tmp_path, env=env,
-                        capture_output=True, text=True, timeout=120)
+                        capture_output=True, text=True, timeout=600)
     assert ok.returncode == 0 and ok.stdout.strip() == "10", ok.stderr[-2000:]
     bad = subprocess.run([sys.executable, "-m", "conductor", "answer", "gsm8k_test:500", "--out", str(tmp_path / "o"),
                           "--pool", str(clone / "data" / "pools" / "simulated.yaml"), "--conductor", "fixed:0"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2
     errors = [ln for ln in bad.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and "gsm8k_test.jsonl: not found" in errors[0] and "Hugging Face" in errors[0]
