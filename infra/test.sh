@@ -10,4 +10,5 @@ bash infra/install.sh --profile all --models smollm2-135m-instruct
 "${PYTHON:-python}" -m mypy                   # types of conductor/, flows/, tasks/ ([tool.mypy]); fails the run
 # The suite on every core (pytest-xdist; TEST_WORKERS=0 runs it in this process): each test file stays on one
 # worker (--dist loadfile), so a file's module fixtures (a Prefect server, a compare run) start once.
-"${PYTHON:-python}" -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-auto}" --dist loadfile "$@"
+# (pytest-benchmark, in the lock but used by no test, would warn that xdist disables it: -p no:benchmark.)
+"${PYTHON:-python}" -m pytest -q -p no:cacheprovider -p no:benchmark -n "${TEST_WORKERS:-auto}" --dist loadfile "$@"
