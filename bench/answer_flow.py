@@ -8,7 +8,11 @@ everything a user waits for. In one invocation, on the same questions:
   output directory and response cache, and no saved prompt prefixes (as on a new machine);
 - conductor cold: the same, except that the first run's saved prompt prefixes are there (as on every later
   run: conductor/local/prefix_cache.py);
-- single cold: `--conductor fixed:0` (Qwen2.5-Coder-1.5B answers alone: the best local worker), fresh cache;
+- single cold: `--conductor fixed:0` (Qwen2.5-Coder-1.5B answers alone: the best local worker), fresh cache,
+  its server on the default threads (all cores but one, the setting the conductor's run uses);
+- single best: the same at every other thread count (``$CONDUCTOR_LOCAL_THREADS`` = 1 .. cores), fresh cache each:
+  the single worker as a user would run it alone, at its fastest setting on these cores; the fastest of all
+  single runs is the fair baseline (``best_single_s_per_question``, ``fair_ratio``);
 - warm: the conductor run again under a new run id and output directory, reading the cold run's cache: with a
   seeded conductor every generation and every worker call is a cache hit (conductor/policy/cached.py);
 - resume: the cold conductor command again, unchanged: every shard is committed, nothing is redone.
@@ -19,16 +23,20 @@ machine's measured llama.cpp prefill and decode rates for the 1.5B.
 
 With ``--busy`` it then runs the conductor (cold, saved prefixes) and the 1.5B alone again while another process
 keeps one core busy (a spinning Python process, as a user's other job would), measures the llama.cpp rates
-under that load, and prints the busy ratio and its floor beside the idle ones.
+under that load, and prints the busy ratio and its floor beside the idle ones; the 1.5B alone runs at every
+thread count there too, and ``busy_fair_ratio`` is the busy conductor over the fastest of them.
 
     python bench/answer_flow.py                                           # the quickstart mix, 10 questions
     python bench/answer_flow.py --busy                                    # and again with one core busy
     python bench/answer_flow.py --questions gsm8k_test:2,mmlu_stem:2      # a quick look
+    python bench/answer_flow.py --quick                                   # a smoke run: 1+1 questions, shows the line
 
 Last line: ``conductor_s_per_question=<x> single_s_per_question=<y> ratio=<x/y> floor_ratio=<f>
 cold_questions_per_min=<c> warm_questions_per_min=<w> warm_speedup=<w/c> conductor_accuracy=<a>
-single_accuracy=<b> resume_s=<s> first_run_s_per_question=<f>`` and, with ``--busy``, ``busy_conductor_s_per_question=<x>
-busy_single_s_per_question=<y> busy_ratio=<x/y> busy_floor_ratio=<f>``. A floor is the tokens' time at the
+single_accuracy=<b> resume_s=<s> first_run_s_per_question=<f> best_single_s_per_question=<z> best_single_threads=<t>
+fair_ratio=<x/z> busy_fair_ratio=<r>`` (``nan`` without ``--busy``) and, with ``--busy``,
+``busy_conductor_s_per_question=<x> busy_single_s_per_question=<y> busy_ratio=<x/y> busy_floor_ratio=<f>
+busy_best_single_s_per_question=<z>``. A floor is the tokens' time at the
 measured single-stream rates, the conductor's decode counted token by token (its prompt-lookup drafts are
 verified in batches, so it can run below its floor).
 """
@@ -53,13 +61,16 @@ BIG = "qwen2.5-coder-1.5b-instruct"
 
 
 def _answer(questions: str, out: Path, run_id: str, extra: list[str], cache: Path | None = None,
-            prefixes: Path | None = None) -> tuple[float, dict]:
+            prefixes: Path | None = None, threads: int | None = None) -> tuple[float, dict]:
     cmd = [sys.executable, "-m", "conductor.cli", "answer", questions, "--out", str(out), "--run-id", run_id, *extra]
     if cache is not None:
         cmd += ["--cache", str(cache)]
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     if prefixes is not None:
         env["CONDUCTOR_PREFIX_CACHE"] = str(prefixes)
+    env.pop("CONDUCTOR_LOCAL_THREADS", None)
+    if threads is not None:
+        env["CONDUCTOR_LOCAL_THREADS"] = str(threads)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -80,19 +91,20 @@ def busy_core() -> Iterator[None]:
         spinner.wait()
 
 
-def llama_rates(threads: int) -> tuple[float, float]:
-    """(prefill, decode) tokens/s of the 1.5B under llama.cpp on this machine, measured now."""
+def llama_rates(threads: int, scale: int = 1) -> tuple[float, float]:
+    """(prefill, decode) tokens/s of the 1.5B under llama.cpp on this machine, measured now (on 1/``scale`` of
+    the usual 480 prompt and 48 generated tokens: ``--quick``)."""
     from llama_cpp import Llama
 
     from conductor.local.embedded import model_path
 
     llm = Llama(model_path=str(model_path(BIG)), n_ctx=2048, n_threads=threads, verbose=False)
-    prompt = llm.tokenize(("The quick brown fox jumps over the lazy dog. " * 60).encode())[:480]
+    prompt = llm.tokenize(("The quick brown fox jumps over the lazy dog. " * 60).encode())[:480 // scale]
     t0 = time.perf_counter()
     llm.eval(prompt)
     prefill = len(prompt) / (time.perf_counter() - t0)
     t0 = time.perf_counter()
-    out = llm.create_completion("Count from one to fifty in words:", max_tokens=48, temperature=0)
+    out = llm.create_completion("Count from one to fifty in words:", max_tokens=48 // scale, temperature=0)
     decode = out["usage"]["completion_tokens"] / (time.perf_counter() - t0)
     return prefill, decode
 
@@ -141,6 +153,26 @@ def _prefills(prompts: list[list[int]], saved: list[list[int]]) -> list[int]:
     return out
 
 
+def best_single(a: argparse.Namespace, work: Path, common: list[str], default_s: float, tag: str = "") -> tuple[float, int]:
+    """The 1.5B alone at every thread count other than the default one (measured already: ``default_s``), each
+    with a fresh cache; (fastest seconds per question, its threads)."""
+    from conductor.local.process import default_threads
+
+    n_default = default_threads()
+    best = (default_s, n_default)
+    for threads in range(1, (os.cpu_count() or 1) + 1):
+        if threads == n_default:
+            continue
+        wall, summary = _answer(a.questions, work / f"single{tag}-t{threads}", f"bench-single{tag}-t{threads}",
+                                ["--conductor", "fixed:0", *common], threads=threads)
+        spq = wall / max(1, summary["questions"])
+        print(f"[single{tag} {threads} thread{'s' if threads > 1 else ''}] {summary['questions']} questions in "
+              f"{wall:.1f}s ({spq:.1f} s/q; default {n_default}: {default_s:.1f} s/q) accuracy={summary['accuracy']}",
+              flush=True)
+        best = min(best, (spq, threads))
+    return best
+
+
 def single_budget(lake: Path, run_id: str) -> dict[str, float]:
     from conductor.lake.reader import scan
 
@@ -159,7 +191,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shard-size", type=int, default=5)
     ap.add_argument("--keep", default=None, help="keep the run directories in this new directory (default: a temp dir, removed)")
     ap.add_argument("--busy", action="store_true", help="also run the conductor and the 1.5B alone with one core kept busy")
+    ap.add_argument("--quick", action="store_true", help="a smoke run on gsm8k_test:1,mmlu_stem:1 (shows the last line; "
+                    "two questions are no measurement)")
     a = ap.parse_args(argv)
+    if a.quick:
+        a.questions = "gsm8k_test:1,mmlu_stem:1"
+    os.environ.pop("CONDUCTOR_LOCAL_THREADS", None)   # the default runs use the default threads
 
     work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="conductor-answer-bench-"))
     if a.keep and work.exists() and any(work.iterdir()):   # never delete a directory we did not create
@@ -170,7 +207,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         print(f"answer flow bench: {a.questions} conductor={a.conductor} pool={a.pool or 'embedded local'} "
               f"max_steps={a.max_steps} load={os.getloadavg()[0]:.1f}", flush=True)
-        prefill_rate, decode_rate = llama_rates(os.cpu_count() or 1)
+        if a.quick:   # a smoke run: the rates on one thread (no second thread spinning on a loaded machine)
+            prefill_rate, decode_rate = llama_rates(1, scale=4)
+        else:
+            prefill_rate, decode_rate = llama_rates(os.cpu_count() or 1)
         print(f"[rates]  1.5B llama.cpp here: prefill {prefill_rate:.1f} tok/s, decode {decode_rate:.1f} tok/s", flush=True)
         prefixes = work / "prefix-cache"      # empty: the first run on a machine saves the conductor's prefixes
         first_s, first = _answer(a.questions, work / "first", "bench-first", extra, prefixes=prefixes)
@@ -182,6 +222,7 @@ def main(argv: list[str] | None = None) -> None:
               f"accuracy={cold['accuracy']} parse_failures={cold['parse_failures']}", flush=True)
         single_s, single = _answer(a.questions, work / "single", "bench-single", ["--conductor", "fixed:0", *common])
         print(f"[single cold]    {single['questions']} questions in {single_s:.1f}s  accuracy={single['accuracy']}", flush=True)
+        best_spq, best_threads = best_single(a, work, common, single_s / max(1, single["questions"]))
         warm_s, warm = _answer(a.questions, work / "warm", "bench-warm", extra, cache=work / "cold" / "cache.sqlite",
                                prefixes=prefixes)
         print(f"[warm]           {warm['questions']} questions in {warm_s:.1f}s  worker cache hits {warm['cache_hits']} "
@@ -194,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
         s = single_budget(work / "single" / "lake", "bench-single")
         floors = report_floors(c, s, (prefill_rate, decode_rate), cold_s / n, single_s / max(1, single["questions"]),
                                first_s / max(1, first["questions"]))
-        busy = run_busy(a, work, extra, common, prefixes, c, s) if a.busy else ""
+        busy = run_busy(a, work, extra, common, prefixes, c, s) if a.busy else " busy_fair_ratio=nan"
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -204,7 +245,9 @@ def main(argv: list[str] | None = None) -> None:
           f"floor_ratio={floors:.2f} cold_questions_per_min={cold_qpm:.3f} warm_questions_per_min={warm_qpm:.3f} "
           f"warm_speedup={warm_qpm / cold_qpm:.1f} conductor_accuracy={cold['accuracy']} "
           f"single_accuracy={single['accuracy']} resume_s={resume_s:.1f} "
-          f"first_run_s_per_question={first_s / max(1, first['questions']):.1f}{busy}")
+          f"first_run_s_per_question={first_s / max(1, first['questions']):.1f} "
+          f"best_single_s_per_question={best_spq:.1f} best_single_threads={best_threads} "
+          f"fair_ratio={c_spq / best_spq:.2f}{busy}")
 
 
 def report_floors(c: dict[str, float], s: dict[str, float], rates: tuple[float, float], c_spq: float, s_spq: float,
@@ -219,8 +262,9 @@ def report_floors(c: dict[str, float], s: dict[str, float], rates: tuple[float, 
           f"{c['conductor_decode']:.0f}; 1.5B worker prefill {c['worker_prefill']:.0f} decode {c['worker_decode']:.0f}; "
           f"other calls {c['other_call_s']:.1f}s -> floor {c_floor:.1f}s/q (measured {c_spq:.1f}{first})", flush=True)
     print(f"[tokens/q{label}] single:    1.5B prefill {s['worker_prefill']:.0f} decode {s['worker_decode']:.0f} "
-          f"-> floor {s_floor:.1f}s/q (measured {s_spq:.1f}); floor ratio {c_floor / s_floor:.2f}", flush=True)
-    return c_floor / s_floor
+          f"-> floor {s_floor:.1f}s/q (measured {s_spq:.1f}); floor ratio "
+          f"{c_floor / s_floor if s_floor else float('nan'):.2f}", flush=True)
+    return c_floor / s_floor if s_floor else float("nan")
 
 
 def run_busy(a: argparse.Namespace, work: Path, extra: list[str], common: list[str], prefixes: Path,
@@ -235,10 +279,12 @@ def run_busy(a: argparse.Namespace, work: Path, extra: list[str], common: list[s
         print(f"[busy conductor] {bc['questions']} questions in {bc_s:.1f}s  accuracy={bc['accuracy']}", flush=True)
         bs_s, bs = _answer(a.questions, work / "busy-single", "bench-busy-single", ["--conductor", "fixed:0", *common])
         print(f"[busy single]    {bs['questions']} questions in {bs_s:.1f}s  accuracy={bs['accuracy']}", flush=True)
-    c_spq, s_spq = bc_s / max(1, bc["questions"]), bs_s / max(1, bs["questions"])
+        c_spq, s_spq = bc_s / max(1, bc["questions"]), bs_s / max(1, bs["questions"])
+        best_spq, _ = best_single(a, work, common, s_spq, tag="-busy")
     floor = report_floors(c, s, rates, c_spq, s_spq, label=" busy")
-    return (f" busy_conductor_s_per_question={c_spq:.1f} busy_single_s_per_question={s_spq:.1f} "
-            f"busy_ratio={c_spq / s_spq:.2f} busy_floor_ratio={floor:.2f}")
+    return (f" busy_fair_ratio={c_spq / best_spq:.2f} busy_conductor_s_per_question={c_spq:.1f} "
+            f"busy_single_s_per_question={s_spq:.1f} busy_ratio={c_spq / s_spq:.2f} busy_floor_ratio={floor:.2f} "
+            f"busy_best_single_s_per_question={best_spq:.1f}")
 
 
 if __name__ == "__main__":

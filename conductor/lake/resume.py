@@ -5,7 +5,8 @@ Resume is keyed by content, not by file layout: a flow asks which trajectory ids
 and redoes every question that has none, whatever shard size wrote the others. Rows that failed on
 infrastructure do not count as done, so a rerun retries them. A shard whose files are damaged (an
 unreadable trajectories file, or a calls file that is missing, unreadable or from another write) is moved
-aside under a hidden name, which every reader ignores, and its questions are redone.
+aside under a hidden name, which every reader ignores, and its questions are redone. The hidden temp files
+of shard writes a killed writer left in the run's partitions (``.shard-….parquet.<hex>.tmp``) are removed.
 
 This module is the one place that decides "done"; lake compaction extends ``run_files``/``committed``.
 """
@@ -13,6 +14,7 @@ This module is the one place that decides "done"; lake compaction extends ``run_
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -61,6 +63,8 @@ def committed(lake_root: str | LakeLocation, kind: str, run_id: str, *, repair: 
     """The trajectory ids of ``run_id`` committed intact; with ``repair`` damaged shards are moved aside."""
     loc = open_location(lake_root, storage_options)
     state = RunState()
+    if repair:
+        remove_orphan_temps(loc, kind, run_id)
     for traj_path in run_files(loc, "trajectories", kind, run_id):
         calls_path = _calls_twin(loc, traj_path)
         try:
@@ -77,6 +81,41 @@ def committed(lake_root: str | LakeLocation, kind: str, run_id: str, *, repair: 
                 state.failed_rows[tid] = state.failed_rows.get(tid, 0) + 1
     state.failed -= state.done   # a later successful attempt wins
     return state
+
+
+# the temp name conductor/lake/writer.py's atomic_output gives a shard file while it is written; compacted
+# files' temps are left alone (`conductor lake compact` may be writing them from another process)
+_SHARD_TEMP = re.compile(r"^\.shard-[^/]*\.parquet\.[0-9a-f]{32}\.tmp$")
+
+
+def remove_orphan_temps(loc: LakeLocation, kind: str, run_id: str) -> list[str]:
+    """Remove the shard-write temp files of (kind, run_id) in both tables; return the paths removed.
+
+    Called when a run is planned, before it writes anything: any such file then belongs to a writer that
+    was killed (a shard's writes go to a fresh temp name, and a run has one writer at a time). Only local
+    lakes have them (S3 objects are PUT directly).
+
+    >>> _SHARD_TEMP.match(".shard-q-1.parquet." + "a" * 32 + ".tmp") is not None
+    True
+    >>> _SHARD_TEMP.match(".compact-1.parquet." + "a" * 32 + ".tmp") is None
+    True
+    """
+    if not loc.is_local:
+        return []
+    removed = []
+    for table in ("calls", "trajectories"):
+        pattern = loc.path(table, f"kind={check_key('kind', kind)}", "date=*",
+                           f"run_id={check_key('run_id', run_id)}", ".*.tmp")
+        for path in loc.glob(pattern):
+            if _SHARD_TEMP.match(path.rsplit("/", 1)[-1]):
+                try:
+                    loc.fs.rm(path)
+                except OSError as e:
+                    log.warning("lake: cannot remove orphaned temp file %s: %s", loc.uri(path), e)
+                    continue
+                removed.append(path)
+                log.info("lake: removed %s, left by a killed writer", loc.uri(path))
+    return removed
 
 
 class _Damaged(Exception):

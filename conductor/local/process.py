@@ -39,8 +39,17 @@ class ServerSettings:
     extra_args: tuple[str, ...] = ()  # appended to the server command (llama.cpp or transformers flags, per kind)
 
 
+THREADS_ENV = "CONDUCTOR_LOCAL_THREADS"   # the local servers' thread count when set (bench/answer_flow.py tries each)
+
+
 def default_threads() -> int:
-    """All cores but one, at least one."""
+    """All cores but one, at least one; ``$CONDUCTOR_LOCAL_THREADS`` (a positive integer) when set, e.g. all
+    cores for a model that runs alone on an idle machine."""
+    env = os.environ.get(THREADS_ENV, "").strip()
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise ServerError(f"{THREADS_ENV}={env!r}: expected a positive number of threads")
+        return int(env)
     return max(1, (os.cpu_count() or 1) - 1)
 
 

@@ -87,6 +87,26 @@ class PairedTest:
     p_mcnemar: float              # exact, one-sided
     p_mcnemar_two_sided: float
 
+    def in_words(self) -> str:
+        """What the paired test says, in words, with the number of questions a difference of this size needs.
+
+        >>> PairedTest("conductor", "fixed:1", 10, -0.1, -0.4, 0.2, 0.8, 1, 2, 0.9, 1.0).in_words()
+        'In words: conductor and fixed:1 are not distinguishable at 10 questions (-10.0 points, 95% CI [-40.0, +20.0]); telling a 10-point difference from none would take about 90 questions at this spread.'
+        >>> PairedTest("conductor", "fixed:1", 60, 0.12, 0.02, 0.22, 0.01, 9, 2, 0.03, 0.06).in_words()
+        'In words: conductor is better than fixed:1 on these 60 questions (+12.0 points, 95% CI [+2.0, +22.0] excludes 0).'
+        """
+        span = f"{100 * self.diff:+.1f} points, 95% CI [{100 * self.ci_low:+.1f}, {100 * self.ci_high:+.1f}]"
+        n = self.n_questions
+        if self.ci_low > 0 or self.ci_high < 0:
+            better = "better" if self.ci_low > 0 else "worse"
+            return f"In words: {self.conductor} is {better} than {self.baseline} on these {n} questions ({span} excludes 0)."
+        gap = max(abs(self.diff), 0.05)          # the difference seen, or 5 points when there is none
+        half = (self.ci_high - self.ci_low) / 2
+        needed = math.ceil(round(n * (half / gap) ** 2, 6)) if half > 0 else n
+        return (f"In words: {self.conductor} and {self.baseline} are not distinguishable at {n} questions ({span}); "
+                f"telling a {100 * gap:.0f}-point difference from none would take about {needed} questions at "
+                "this spread.")
+
 
 @dataclass
 class Comparison:
@@ -114,6 +134,8 @@ class Comparison:
         lines = _markdown_table(head, body) if markdown else _text_table(head, body)
         lines.append("")
         lines.append(self.paired_line())
+        if self.paired is not None:
+            lines.append(self.paired.in_words())
         lines += self.notes
         return "\n".join(lines)
 

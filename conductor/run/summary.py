@@ -49,6 +49,8 @@ class RunSummary:
     superseded: int = 0                         # older rows of this run kept as history
     infra_failed_questions: int = 0
     infra_causes: dict[str, int] = field(default_factory=dict)   # the most common, first line each
+    # worker -> [calls, questions whose workflow called it], most called first: which workers the conductor chose
+    workers_used: dict[str, list[int]] = field(default_factory=dict)
     answers: str | None = None                  # answers.jsonl
     report: str | None = None                   # the report's markdown
     lake: str | None = None
@@ -121,9 +123,20 @@ class RunSummary:
             f"  calls / question    {self.calls_per_question:.2f}  (cache hits {self.cache_hits})",
             f"  dollars / question  ${self.dollars_per_question:.6f}",
             f"  failures            {self.parse_failures} unparseable, {self.infra_failures} infrastructure",
-        ] + ([f"  not attempted       {self.missing} trajectories (a rerun does them)"] if self.missing else [])
+        ] + ([f"  workers used        {self.workers_line()}"] if self.workers_used else [])
+          + ([f"  not attempted       {self.missing} trajectories (a rerun does them)"] if self.missing else [])
           + ([f"  history             {self.superseded} older rows of this run kept in the lake (edited questions, "
               "retried failures)"] if self.superseded else []))
+
+
+    def workers_line(self) -> str:
+        """The workers the run's workflows called, with calls and questions.
+
+        >>> RunSummary("r", questions=10, workers_used={"qwen-1.5b": [14, 9], "python": [3, 3]}).workers_line()
+        'qwen-1.5b 14 calls in 9 of 10 questions; python 3 calls in 3 of 10 questions'
+        """
+        return "; ".join(f"{w} {c} call{'s' if c != 1 else ''} in {q} of {self.questions} questions"
+                         for w, (c, q) in self.workers_used.items())
 
 
 def run_summary(lake: str, run_id: str, kind: str = "answer",
@@ -178,8 +191,22 @@ def run_summary(lake: str, run_id: str, kind: str = "answer",
         superseded=superseded,
         infra_failed_questions=df.filter(pl.col("infra_failed"))["question_id"].n_unique() if n else 0,
         infra_causes=_causes(df),
+        workers_used=_workers_used(lake, kind, run_id, df),
     )
     return summary, df
+
+
+def _workers_used(lake: str, kind: str, run_id: str, df: pl.DataFrame) -> dict[str, list[int]]:
+    """worker -> [calls, questions] over the calls of the trajectories in ``df``, most called first."""
+    from conductor.lake.reader import scan
+
+    if not df.height:
+        return {}
+    calls = (scan(lake, "calls", kind=kind, run_id=run_id).select("trajectory_id", "worker").collect()
+             .join(df.select("trajectory_id", "question_id"), on="trajectory_id"))
+    used = (calls.group_by("worker").agg(pl.len().alias("calls"), pl.col("question_id").n_unique().alias("questions"))
+            .sort(["calls", "worker"], descending=[True, False]))
+    return {r["worker"]: [int(r["calls"]), int(r["questions"])] for r in used.to_dicts()}
 
 
 def _causes(df: pl.DataFrame, top: int = 3) -> dict[str, int]:
