@@ -34,12 +34,14 @@ def test_answer_profile_has_no_training_or_test_stack():
     assert not answer & {"torch", "transformers", "trl", "peft", "accelerate", "pytest", "hypothesis", "moto"}
 
 
-def test_all_profile_is_answer_plus_train_mlflow_and_dev():
+def test_all_profile_is_answer_plus_train_mlflow_dev_and_hub():
     extras = _extras()
     everything = _extras_closure("all", extras)
     assert everything == (_extras_closure("answer", extras) | _extras_closure("train", extras)
-                          | _extras_closure("mlflow", extras) | _extras_closure("dev", extras))
-    assert {"torch", "transformers", "pytest", "mlflow-skinny"} <= everything
+                          | _extras_closure("mlflow", extras) | _extras_closure("dev", extras)
+                          | _extras_closure("hub", extras))
+    assert {"torch", "transformers", "pytest", "mlflow-skinny", "datasets", "pytest-xdist"} <= everything
+    assert "datasets" not in _extras_closure("answer", extras)   # the quickstart's questions ship with the package
 
 
 def _install(*args: str) -> subprocess.CompletedProcess[str]:
