@@ -30,6 +30,7 @@ from conductor.data.datasets import DatasetError, load_file
 from conductor.lake import queries as q
 from conductor.lake import write_shard
 from lake_records import small_lake_records
+from tests.cli_checks import one_error, run
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_POOL = str(ROOT / "data/pools/simulated.yaml")
@@ -42,22 +43,6 @@ def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
                           timeout=timeout, env=full_env, input=stdin)
 
 
-def run(*args: str):
-    """The command in-process (it must stop at its checks: nothing here starts a flow)."""
-    return CliRunner().invoke(app, list(args))
-
-
-def one_error(r, *needles: str, code: int = 2) -> str:
-    """Exactly one line, an `error:` line naming ``needles``, with exit ``code``, no traceback."""
-    out = r.stderr if hasattr(r, "returncode") else r.output
-    rc = r.returncode if hasattr(r, "returncode") else r.exit_code
-    lines = out.strip().splitlines()
-    assert rc == code, (rc, out[-2000:])
-    assert len(lines) == 1 and lines[0].startswith("error: "), out[-2000:]
-    assert "Traceback" not in out
-    for n in needles:
-        assert n in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

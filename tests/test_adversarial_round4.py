@@ -22,11 +22,10 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from typer.testing import CliRunner
 
-from conductor.cli import app
 from conductor.policy.strategies import VOTE_WORKER
 from conductor.serve.config import ServeConfig
+from tests.cli_checks import one_error, run
 from tests.test_serve_support import LiveServer, keyed_server, questions, simulated_pool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,20 +36,6 @@ KEY_ENV = "CONDUCTOR_TEST_ROUND4_KEYS"
 NO_KEYS = "CONDUCTOR_TEST_ROUND4_NO_KEYS"      # never set: a keyless server
 
 
-def run(*args: str):
-    return CliRunner().invoke(app, list(args))
-
-
-def one_error(r, *needles: str, code: int = 2) -> str:
-    out = r.stderr if hasattr(r, "returncode") else r.output
-    rc = r.returncode if hasattr(r, "returncode") else r.exit_code
-    lines = out.strip().splitlines()
-    assert rc == code, (rc, out[-2000:])
-    assert len(lines) == 1 and lines[0].startswith("error: "), out[-2000:]
-    assert "Traceback" not in out
-    for n in needles:
-        assert n in lines[0], lines[0]
-    return lines[0]
 
 
 def serve(*extra: str):

@@ -24,7 +24,8 @@ from conductor.run.summary import EXIT_INFRA, EXIT_OK, EXIT_PARTIAL, RunSummary
 ANSWER_OPTIONS = {"--out", "--pool", "--conductor", "--samples", "--recursion-depth", "--limit", "--shard-size", "--k",
                   "--seed", "--temperature", "--max-tokens", "--run-id", "--cache", "--replay", "--fewshot",
                   "--constrained", "--free", "--max-steps", "--max-cost", "--lake", "--retry-failed", "--keep-failed",
-                  "--batch", "--batch-poll", "--limits", "--compact", "--config", "--replace"}
+                  "--batch", "--batch-poll", "--limits", "--compact", "--config", "--replace",
+                  "--dask"}   # --dask: where the run goes (like --config, --replace), not a run setting
 
 
 def _command(name: str):

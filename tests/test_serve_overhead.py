@@ -52,7 +52,8 @@ def test_every_response_carries_it_and_the_histogram_counts_streams(server: Live
     for path in ("/health", "/v1/models", "/metrics", "/no/such/path"):
         r = httpx.get(server.root + path)
         assert float(r.headers["x-conductor-overhead-ms"]) >= 0, path
-    bad = httpx.post(server.base_url + "/chat/completions", content=b"{not json")
+    bad = httpx.post(server.base_url + "/chat/completions", content=b"{not json",   # declared JSON: a keyless
+                     headers={"content-type": "application/json"})                 # server refuses others (415)
     assert bad.status_code == 400 and float(bad.headers["x-conductor-overhead-ms"]) >= 0
     with c.chat.completions.with_streaming_response.create(
             model="conductor", stream=True, messages=[{"role": "user", "content": questions(2)[1][0]}]) as s:

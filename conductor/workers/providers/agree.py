@@ -61,10 +61,9 @@ class AgreeGate:
         self.worker = worker
 
     async def complete(self, messages: list[Message], *, sample_index: int = 0) -> Completion:
-        from conductor.workers.providers.python_tool import split_worker_message
+        from conductor.workers.providers.python_tool import shown_responses
 
-        users = [m.content for m in messages if m.role == "user"]
-        _, responses = split_worker_message(users[-1]) if users else ("", [])
+        responses = shown_responses(messages)
         if len(responses) < 2:
             return Completion(NOTHING, 0, 0, "stop")
         accepted = agreed(responses)

@@ -105,6 +105,12 @@ def split_worker_message(text: str) -> tuple[str, list[str]]:
     return subtask.strip(), [m.group(2) for m in _RESPONSE_RE.finditer(body)]
 
 
+def shown_responses(messages: list[Message]) -> list[str]:
+    """The earlier responses a tool step is shown, in order (the vote and agree tools read only these)."""
+    users = [m.content for m in messages if m.role == "user"]
+    return split_worker_message(users[-1])[1] if users else []
+
+
 def find_code(messages: list[Message]) -> str | None:
     """The program this step should run (see the module docstring for the order)."""
     users = [m.content for m in messages if m.role == "user"]

@@ -70,10 +70,9 @@ class VoteTool:
         self.worker = worker
 
     async def complete(self, messages: list[Message], *, sample_index: int = 0) -> Completion:
-        from conductor.workers.providers.python_tool import split_worker_message
+        from conductor.workers.providers.python_tool import shown_responses
 
-        users = [m.content for m in messages if m.role == "user"]
-        _, responses = split_worker_message(users[-1]) if users else ("", [])
+        responses = shown_responses(messages)
         if not responses:
             return Completion(NOTHING, 0, 0, "stop")
         text, _ = majority(responses)
