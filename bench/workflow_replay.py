@@ -277,7 +277,7 @@ def measure_all(a: argparse.Namespace, questions: Sequence[Question], state: dic
                                            for e in menu.entries)]
     if "default" not in state or fresh:    # the default only where the menu was recorded (a prefix of the order)
         t0 = time.perf_counter()
-        rows = replay_default(menu_ok, cache, Path(a.state) / "default", per_second) if menu_ok else {}
+        rows = replay_default(menu_ok, cache, Path(a.state) / "default-replay", per_second) if menu_ok else {}
         state["default"] = {q: dataclasses.asdict(o) for q, o in rows.items()}
         print(f"  replayed the default conductor: {sum(not o.infra for o in rows.values())} of {len(menu_ok)} "
               f"questions recorded ({time.perf_counter() - t0:.1f} s)", flush=True)
@@ -551,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--gsm8k", type=int, default=300)
     rep.add_argument("--mmlu", type=int, default=100)
     rep.add_argument("--cache", default=str(default_cache()))
-    rep.add_argument("--state", default="runs/workflow-replay", help="resumable results and trained models")
+    rep.add_argument("--state", default="runs/workflow-replay/replay", help="resumable results and trained models")
     rep.add_argument("--out", default="docs/figures/workflow-replay")
     rep.add_argument("--lambdas", type=_lambdas, default=[0.0, 0.4], help="cost lambdas; the first is the headline")
     rep.add_argument("--iterations", type=int, default=30)
