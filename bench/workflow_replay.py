@@ -52,7 +52,6 @@ MENU = (
 )
 SPLIT = (0.5, 0.2)   # train, validation; the rest is test
 DEFAULT_CONDUCTOR = "embedded"   # the untrained informed default, named explicitly (no registry champion)
-DATASET_OF = {"gsm8k_test": "gsm8k_test", "mmlu_stem": "mmlu_stem"}   # Question.dataset -> its loader
 
 
 def default_cache() -> Path:
@@ -90,7 +89,7 @@ def slice_spec(questions: Sequence[Question]) -> str:
     index: dict[str, dict[str, int]] = {}
     parts = []
     for q in questions:
-        name = DATASET_OF[q.dataset]
+        name = q.dataset                 # the loaders name their questions' dataset after themselves
         if name not in index:
             from conductor.data.datasets import load_dataset
 
@@ -378,6 +377,7 @@ def evaluate_menu(backend: Any, menu: Any, questions: Sequence[Question], result
                   label: str) -> tuple[dict[str, Outcome], dict[str, str]]:
     """The trained conductor's greedy choice per question, and that entry's replayed outcome (the choice is one
     constrained token: its greedy value is the most probable entry, so the entry's own row is its outcome)."""
+    from conductor.parser import parse_workflow
     from conductor.run.pipeline import RunSpec, generate, plan
 
     spec = RunSpec(run_id=label, kind="eval", pool=menu.pool, checkpoint_id=label, fewshot="none", temperature=0.0,
@@ -385,8 +385,6 @@ def evaluate_menu(backend: Any, menu: Any, questions: Sequence[Question], result
     trajs = generate(plan(questions, spec), backend, spec)
     chosen: dict[str, str] = {}
     for t in trajs:
-        from conductor.parser import parse_workflow
-
         wf = parse_workflow(t.rounds[0].completion, n_workers=len(menu.pool.workers), max_steps=spec.max_steps)
         steps = [st.to_json() for st in getattr(wf, "steps", ())]
         chosen[t.question_id] = menu.chosen(steps) or "unparsed"

@@ -355,10 +355,10 @@ def item_text(item: int | ProgramSpec | ChainSpec) -> str:
     return str(item).replace(":", "-")
 
 
-def item_steps(item: int | ProgramSpec | ChainSpec) -> int:
+def item_step_count(item: int | ProgramSpec | ChainSpec) -> int:
     """How many steps an answer item writes.
 
-    >>> item_steps(3), item_steps(ChainSpec(worker=0, reporter=1))
+    >>> item_step_count(3), item_step_count(ChainSpec(worker=0, reporter=1))
     (1, 3)
     """
     return 1 if isinstance(item, int) else item.steps_needed
@@ -374,7 +374,7 @@ class VoteSpec(_StrategySpec):
 
     @property
     def steps_needed(self) -> int:
-        return sum(item_steps(p) for p in self.proposers) + 1
+        return sum(item_step_count(p) for p in self.proposers) + 1
 
     def __str__(self) -> str:
         return f"vote:{'+'.join(map(item_text, self.proposers))}"
@@ -391,7 +391,7 @@ class CascadeSpec(_StrategySpec):
 
     @property
     def steps_needed(self) -> int:
-        return sum(item_steps(p) for p in self.cheap) + 2
+        return sum(item_step_count(p) for p in self.cheap) + 2
 
     def __str__(self) -> str:
         return f"cascade:{'+'.join(map(item_text, self.cheap))}:{self.decider}"

@@ -293,14 +293,14 @@ def make_strategy(spec: ConductorSpec | str, pool: Pool) -> FixedWorkflowPolicy 
         case FixedSpec(worker=i):
             return FixedWorkflowPolicy.single_worker(_in_pool(i, n, typed))
         case SelfConsistencySpec(worker=i, k=k):
-            return self_consistency(_in_pool(i, n, typed), k, _vote_worker(pool, typed))
+            return self_consistency(_in_pool(i, n, typed), k, _tool_worker(pool, typed, "vote"))
         case MixtureSpec(proposers=proposers, aggregator=agg):
             return mixture_of_agents([_in_pool(p, n, typed) for p in proposers], _in_pool(agg, n, typed))
         case VoteSpec(proposers=proposers) if all(isinstance(p, int) for p in proposers):
             return majority_vote([_in_pool(p, n, typed) for p in proposers if isinstance(p, int)],
-                                 _vote_worker(pool, typed))
+                                 _tool_worker(pool, typed, "vote"))
         case VoteSpec():
-            return kinds_vote(typed, where, _vote_worker(pool, typed))
+            return kinds_vote(typed, where, _tool_worker(pool, typed, "vote"))
         case ProgramSpec() | ChainSpec():
             steps, _ = answers([typed], where, typed)
             return FixedWorkflowPolicy(Workflow(tuple(steps)), name=str(typed))
@@ -309,10 +309,6 @@ def make_strategy(spec: ConductorSpec | str, pool: Pool) -> FixedWorkflowPolicy 
         case RandomSpec(seed=seed, max_steps=max_steps):
             return RandomWorkflowPolicy(n, max_steps or DEFAULT_MAX_STEPS, seed or 0, name=str(typed))
     raise StrategyError(f"strategy {str(spec)!r}: expected {STRATEGY_FORMS}")
-
-
-def _vote_worker(pool: Pool, spec: StrategySpec) -> int:
-    return _tool_worker(pool, spec, "vote")
 
 
 def _tool_worker(pool: Pool, spec: StrategySpec, provider: str) -> int:
