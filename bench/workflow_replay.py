@@ -110,6 +110,22 @@ def record_default(questions: Sequence[Question], cache: Path, out: Path) -> int
     return done.returncode
 
 
+def _shard(text: str) -> tuple[int, int]:
+    """``K/N`` -> (K, N).
+
+    >>> _shard("1/2")
+    (1, 2)
+    """
+    k, _, n = text.partition("/")
+    try:
+        kn = int(k), int(n)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shard {text!r}: expected K/N, e.g. 0/2") from None
+    if not 0 <= kn[0] < kn[1]:
+        raise argparse.ArgumentTypeError(f"--shard {text!r}: K must be in 0..N-1")
+    return kn
+
+
 def cmd_record(a: argparse.Namespace) -> int:
     from conductor.execution.cache import ResponseCache
     from conductor.local.servers import EmbeddedServers, resolve_embedded
@@ -122,6 +138,8 @@ def cmd_record(a: argparse.Namespace) -> int:
     questions = question_set(a.gsm8k, a.mmlu)
     if a.limit:
         questions = questions[:a.limit]
+    k, n = a.shard
+    questions = questions[k::n]     # interleaved: shards recording side by side keep the union near a prefix
     menu = WorkflowMenu.parse(list(a.menu.split(",")) if a.menu else list(MENU), load_pool(a.pool))
     cache_path = Path(a.cache)
     print(f"recording {len(menu)} menu entries and the default conductor over {len(questions)} questions "
@@ -545,6 +563,9 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--cache", default=str(default_cache()))
     rec.add_argument("--chunk", type=int, default=10, help="questions per chunk (menu, then the default conductor)")
     rec.add_argument("--runs", default="runs/workflow-replay", help="where the default conductor's answer runs go")
+    rec.add_argument("--shard", type=_shard, default=(0, 1), metavar="K/N",
+                     help="record every N-th question from the K-th (0-based): N processes, one core each, share "
+                          "one cache (give each its own --runs)")
     rep = sub.add_parser("replay", help="replay every entry, train the menu conductor, the cascade; last line")
     rep.add_argument("--gsm8k", type=int, default=300)
     rep.add_argument("--mmlu", type=int, default=100)
