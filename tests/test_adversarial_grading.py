@@ -15,11 +15,11 @@ import textwrap
 import pytest
 
 from conductor.data.questions import Question
-from conductor.execution.sandbox import Limits, Sandbox
+from conductor.extract.answer import MAX_CHARS, answer_tag, extract
 from conductor.grading import get_grader
 from conductor.grading.code import CodeGrader
-from conductor.grading.extract import MAX_CHARS, answer_tag, extract
 from conductor.grading.reward import score_trajectory
+from conductor.sandbox import Limits, Sandbox
 from conductor.trajectory import Round, Trajectory
 
 # --------------------------------------------------------------------------- extraction cost
@@ -48,7 +48,7 @@ def _under_cpu_budget(snippet: str) -> str:
 ])
 def test_degenerate_replies_are_extracted_in_linear_time(name, build, call, want):
     out = _under_cpu_budget(f"""
-        from conductor.grading.extract import boxed, choice_letter, code_block, extract
+        from conductor.extract.answer import boxed, choice_letter, code_block, extract
         t = {build}
         r = {call}
         print(repr(r) if r is None or len(r) < 20 else str(len(r)) + " chars: " + repr(r[:9]))
@@ -68,7 +68,7 @@ def test_a_100000_digit_answer_is_read_in_linear_time():
 def test_the_final_sentence_rule_is_linear():
     """Issue #47's sentence rule on a 100,000-digit numeral, 50,000 openers, a 40,000-way hedge and 60,000 commas."""
     out = _under_cpu_budget("""
-        from conductor.grading.extract import final_sentence
+        from conductor.extract.answer import final_sentence
         from conductor.grading import get_grader
         g = get_grader("numeric")
         texts = ["9" * 100_000, "So, " * 50_000 + "5 cows.", "1 or 2 or " * 40_000, "a, " * 60_000 + "2 apples.",

@@ -514,7 +514,7 @@ def test_16_retry_backoff_stays_inside_the_call_deadline(tmp_path, monkeypatch):
 
 
 def test_16_extraction_and_a_huge_gold_on_the_simulated_pool():
-    from conductor.grading.extract import extract
+    from conductor.extract.answer import extract
     from conductor.workers.providers.simulated import GoldRecord, wrong_answer
 
     assert extract("Final answer: 12" + " " * 160_000 + "x") == "12"

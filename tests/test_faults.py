@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 from conductor.data.questions import Question
 from conductor.execution.cache import ResponseCache, messages_hash
 from conductor.execution.executor import Executor, RoundResult
-from conductor.execution.sandbox import default_mode
+from conductor.extract.answer import extract
 from conductor.grading import grade
-from conductor.grading.extract import extract
 from conductor.lake.reader import scan
 from conductor.lake.writer import migrate, write_shard
 from conductor.prompts import worker_messages
+from conductor.sandbox import default_mode
 from conductor.trajectory import Trajectory
 from conductor.workers.faults import plan_faults, plant_wrong_answer, rewrite_step, wrong_value
 from conductor.workers.pool import DEFAULT_INJECTION, Faults, Pool, PoolError, Worker, load_pool, parse_pool

@@ -334,8 +334,8 @@ def test_behaviour_logprobs_from_the_transformers_backend_match_the_trainer(tiny
     """Sample with the transformers policy backend from the very model being trained: the trainer's
     tokenisation and log-probs must reproduce the sampler's, i.e. the first ratio is 1 and the KL 0."""
     backend_mod = pytest.importorskip("conductor.policy.transformers_backend")
+    from conductor.generation import GenerationParams
     from conductor.learning.grpo.trainer import PolicyTrainer
-    from conductor.policy.base import GenerationParams
 
     tr = PolicyTrainer(str(tiny), GRPOConfig.cpu(learning_rate=1e-3, total_iterations=2))
     backend = backend_mod.TransformersBackend(tr.model, tr.tokenizer, batch_size=4)

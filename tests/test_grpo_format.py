@@ -12,9 +12,9 @@ import pytest
 
 from conductor.decoding.contract import FORMAT_FILE, ConductorFormat, load_format
 from conductor.decoding.subtasks import DEFAULT_SUBTASKS
+from conductor.generation import GenerationParams
 from conductor.learning.grpo.checkpoint import formatted_base
 from conductor.parser import parse_workflow
-from conductor.policy.base import GenerationParams
 from conductor.workflow import Workflow
 from grpo_fixtures import rollout, tiny_checkpoint
 

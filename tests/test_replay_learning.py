@@ -30,7 +30,7 @@ def tiny(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def recordings() -> None:
-    from conductor.data.datasets import shared_data_dir
+    from conductor.resources import shared_data_dir
 
     if not (shared_data_dir() / "routellm" / "gsm8k_responses.csv").exists():
         pytest.skip("RouteLLM recordings not found beside the checkout (../shared/data/routellm)")

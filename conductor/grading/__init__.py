@@ -4,7 +4,7 @@ Kinds: ``math`` (math-verify equivalence), ``numeric`` (tolerance), ``mcq``
 (letter/index/option text), ``code`` (tests in the sandbox), ``exact`` (free text).
 
 The folder also holds what grading needs around the graders: answer extraction (``extract``) and the
-paper's reward (``reward``). Generated code runs in ``conductor.execution.sandbox``, shared with the
+paper's reward (``reward``). Generated code runs in ``conductor.sandbox``, shared with the
 ``python`` tool worker.
 """
 
