@@ -16,16 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.grpo_fixtures import tiny_checkpoint
-
 ROOT = Path(__file__).resolve().parent.parent
 POOL = ROOT / "data" / "pools" / "replay-gsm8k.yaml"
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    pytest.importorskip("transformers")
-    return tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "base")
 
 
 @pytest.fixture(scope="module")
