@@ -212,7 +212,7 @@ def test_stdin_stdout_many_cases_and_a_late_failure():
 
 
 # --------------------------------------------------------------------------- the code harness holds against a hostile program
-# (the exits and always-equal results the harness was built for are in tests/test_adversarial_grading.py)
+# (the exits and always-equal results the harness was built for are in tests/test_grading_hostile.py)
 
 ADD_ONE = {"tests": "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(41) == 42\n",
            "entry_point": "add_one"}
