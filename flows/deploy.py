@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: nothing to run", file=sys.stderr)
         return 2
     os.chdir(args.workdir)
-    from prefect import serve   # Prefect's name for "register, then run each due flow run" in this process
+    from prefect import serve  # Prefect's name for "register, then run each due flow run" in this process
 
     serve(*deployments, limit=args.limit)
     return 0
