@@ -362,6 +362,19 @@ def test_cli_and_serve_fail_with_one_line_errors(tmp_path):
     assert no_api.returncode == 2 and no_api.stderr.startswith("error: PREFECT_API_URL is not set")
 
 
+def test_deploy_start_runs_the_deployments_and_serve_means_the_http_server_only(tmp_path):
+    """`conductor deploy start` is `python -m flows.deploy` (the Prefect deployments, #50); `serve` is only
+    `conductor serve`, the HTTP server: neither the deploy group nor the flows hold a `serve` any more."""
+    env = _clean_env(PREFECT_HOME=str(tmp_path))
+    start = subprocess.run([sys.executable, "-m", "conductor", "deploy", "start", "--only", "scheduled-answering"],
+                           cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=60)
+    assert start.returncode == 2 and start.stderr.startswith("error: PREFECT_API_URL is not set"), start.stderr
+    old = subprocess.run([sys.executable, "-m", "conductor", "deploy", "serve"], cwd=str(ROOT), env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert old.returncode == 2 and "No such command 'serve'" in old.stderr
+    assert not (ROOT / "flows" / "serve.py").exists()
+
+
 def test_compose_file_is_valid_and_wires_the_server():
     doc = yaml.safe_load((ROOT / "infra" / "compose.yaml").read_text())
     services = doc["services"]
