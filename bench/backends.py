@@ -60,7 +60,7 @@ def build(backend: str, model: str, threads: int):
 
         return TransformersBackend.load(path, threads=threads, batch_size=8)
     if backend == "vllm":
-        from conductor.policy.transformers_backend import converted_dir
+        from conductor.local.transformers_server import converted_dir
         from conductor.policy.vllm_backend import VLLMBackend
 
         hf = converted_dir(path)     # vLLM reads the float checkpoint the transformers backend converted
@@ -80,7 +80,7 @@ def _vllm_device() -> str:
 
 
 def measure(backend_name: str, model: str, max_tokens: int, threads: int, texts: list[str]) -> dict:
-    from conductor.policy.base import GenerationParams
+    from conductor.generation import GenerationParams
 
     t0 = time.perf_counter()
     backend = build(backend_name, model, threads)

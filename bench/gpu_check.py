@@ -157,7 +157,7 @@ def conductor_prompt_text(fewshot: str) -> tuple[str, int]:
 def decode_check(model: Any, tok: Any, prompt: str, n_workers: int, args: argparse.Namespace) -> dict[str, Any]:
     """Grammar against free decoding with the transformers backend, batch by batch over equal step counts."""
     from conductor.decoding.grammar import workflow_grammar
-    from conductor.policy.base import GenerationParams
+    from conductor.generation import GenerationParams
     from conductor.policy.transformers_backend import TransformersBackend
 
     tok.padding_side = "left"

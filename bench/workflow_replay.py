@@ -61,7 +61,7 @@ def default_cache() -> Path:
 
 
 def _order(q: Question) -> str:
-    from conductor.workers.recordings import normalize_question
+    from conductor.data.questions import normalize_question
 
     return hashlib.sha256(f"workflow-replay\x1f{normalize_question(q.prompt)}".encode()).hexdigest()
 

@@ -230,13 +230,13 @@ class FewShotSpec(BaseModel):
             raise ValueError(f"few-shot policy {policy!r}: use auto, {', '.join(FEWSHOT_POLICIES)} (optionally :k)")
         return cls.model_validate({"policy": policy, "k": int(count) if sep else None})
 
-    def resolved(self, checkpoint_id: str) -> FewShotSpec:
-        """``auto``: the informed prompt for an untrained embedded conductor, the paper's OOD prompt otherwise
-        (a trained checkpoint learned the ordinal form it was trained on)."""
+    def resolved(self, embedded: bool) -> FewShotSpec:
+        """``auto``: the informed prompt for an untrained embedded conductor (``embedded``: the caller asks
+        ``policy.spec.is_embedded_checkpoint``), the paper's OOD prompt otherwise (a trained checkpoint learned
+        the ordinal form it was trained on)."""
         if self.policy != "auto":
             return self
-        from conductor.policy.spec import is_embedded_checkpoint
-        return FewShotSpec(policy="informed" if is_embedded_checkpoint(checkpoint_id) else "ood")
+        return FewShotSpec(policy="informed" if embedded else "ood")
 
     def __str__(self) -> str:
         return self.policy if self.k is None else f"{self.policy}:{self.k}"
@@ -259,16 +259,16 @@ def _fewshot_field(value: object) -> object:
 FewShotField = Annotated[FewShotSpec, BeforeValidator(_fewshot_field), PlainSerializer(str, return_type=str)]
 
 
-def resolve_fewshot(fewshot: str | FewShotSpec, checkpoint_id: str) -> str:
-    """``auto``: the informed prompt for an untrained embedded conductor, the paper's OOD prompt otherwise
-    (a trained checkpoint learned the ordinal form it was trained on).
+def resolve_fewshot(fewshot: str | FewShotSpec, embedded: bool) -> str:
+    """``auto``: the informed prompt for an untrained embedded conductor (``embedded``), the paper's OOD prompt
+    otherwise (a trained checkpoint learned the ordinal form it was trained on).
 
-    >>> resolve_fewshot("auto", "embedded:qwen2.5-coder-1.5b-instruct"), resolve_fewshot("auto", "ckpt-7")
+    >>> resolve_fewshot("auto", embedded=True), resolve_fewshot("auto", embedded=False)
     ('informed', 'ood')
-    >>> resolve_fewshot("ood:2", "embedded:x")
+    >>> resolve_fewshot("ood:2", embedded=True)
     'ood:2'
     """
-    return str(FewShotSpec.parse(fewshot).resolved(checkpoint_id))
+    return str(FewShotSpec.parse(fewshot).resolved(embedded))
 
 
 def select_fewshot(policy: str | FewShotSpec = "ood", domain: str | None = None, k: int = 4) -> list[FewShot]:

@@ -10,6 +10,7 @@ installed wheel could not find its own defaults. A checkout keeps the top-level 
 
 from __future__ import annotations
 
+import os
 import sys
 from importlib.resources import files
 from pathlib import Path
@@ -24,6 +25,18 @@ def project_root() -> Path:
     if installed.is_dir():
         return Path(str(installed))
     return Path(__file__).resolve().parent.parent
+
+
+def shared_data_dir() -> Path:
+    """``$CONDUCTOR_SHARED_DATA`` or ``<repo>/../shared/data`` (the shared benchmark files, read where they lie)."""
+    env = os.environ.get("CONDUCTOR_SHARED_DATA")
+    return Path(env) if env else project_root().parent / "shared" / "data"
+
+
+def cache_dir() -> Path:
+    """``$CONDUCTOR_HOME/cache`` or ``~/.cache/conductor``."""
+    home = os.environ.get("CONDUCTOR_HOME")
+    return Path(home) / "cache" if home else Path.home() / ".cache" / "conductor"
 
 
 def data_path(*parts: str) -> Path:

@@ -1,6 +1,6 @@
 """The scheduled deployments, defined once: nightly retraining and scheduled bulk answering.
 
-WHY one place: ``python -m flows.serve`` (a long-lived process serving the
+WHY one place: ``python -m flows.deploy`` (a long-lived process running the
 deployments itself), ``conductor deploy ...`` and ``infra/prefect.yaml`` (for
 ``prefect deploy`` onto work pools) must agree on names, entrypoints, schedules and
 parameters. They all come from ``deployment_specs()``; ``infra/prefect.yaml`` is
@@ -290,12 +290,12 @@ PREFECT_YAML_HEADER = """\
 #   prefect deploy --all --prefect-file infra/prefect.yaml
 #   prefect worker start --pool conductor-cpu                   # on each CPU host
 #   prefect worker start --pool conductor-gpu                   # on each GPU host
-# Without work pools, `python -m flows.serve` serves the same deployments from one process.
+# Without work pools, `python -m flows.deploy` runs the same deployments from one process.
 """
 
 
 def prefect_yaml(specs: Sequence[DeploymentSpec]) -> str:
-    """The ``prefect.yaml`` for ``prefect deploy`` with the same deployments as ``serve``."""
+    """The ``prefect.yaml`` for ``prefect deploy`` with the same deployments as ``python -m flows.deploy``."""
     deployments = []
     for s in specs:
         sched: dict[str, Any] = ({"interval": s.interval_s} if s.interval_s is not None

@@ -1,5 +1,6 @@
 """Shared test set-up: an isolated Prefect home (ephemeral mode), no analytics, hypothesis without deadlines,
-and slow real-model tests skipped unless asked for (`-m slow` or CONDUCTOR_RUN_SLOW=1)."""
+slow real-model tests skipped unless asked for (`-m slow` or CONDUCTOR_RUN_SLOW=1), and the fixtures several
+test files share (`tiny`: one tiny checkpoint per session)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,17 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> Path:
+    """A tiny random Llama checkpoint over a byte-level tokenizer (``grpo_fixtures.tiny_checkpoint``), built once
+    per session: the tests that train, load or register it read it and write their results elsewhere."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from grpo_fixtures import tiny_checkpoint
+
+    return tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "base")
 
 
 @pytest.fixture(scope="session")

@@ -13,8 +13,8 @@ import polars as pl
 import pytest
 
 from conductor.data.questions import Question
+from conductor.generation import Generation
 from conductor.lake.reader import scan
-from conductor.policy.base import Generation
 from conductor.run import pipeline
 from conductor.run.shards import ShardLoop, run_shard
 from conductor.workers.pool import load_pool

@@ -262,7 +262,7 @@ def test_a_batch_the_provider_no_longer_has_is_submitted_again(emu: Emulator, tm
 def test_recursion_rounds_wait_for_every_thinking_conductor_and_share_a_wave(emu: Emulator, tmp_path: Path) -> None:
     """A trajectory whose conductor is still writing its next round holds the wave back, so the next round of
     every question goes out in one batch, not one batch per question."""
-    from conductor.policy.base import Generation
+    from conductor.generation import Generation
 
     p = pool(emu)
     root = lists([1, 1], ["Draft.", "Improve the draft."], [[], [0]])   # 2 calls: room for a 1-step round (< 2x)

@@ -33,6 +33,7 @@ from conductor.policy.spec import (
     TransformersSpec,
     VllmSpec,
     VoteSpec,
+    is_embedded_checkpoint,
     parse_conductor_spec,
 )
 from conductor.prompts import FewShotSpec
@@ -195,8 +196,8 @@ def test_bad_fewshot_settings_are_refused(text):
 
 def test_fewshot_auto_resolves_per_checkpoint():
     auto = FewShotSpec.parse("auto")
-    assert str(auto.resolved("embedded:qwen2.5-coder-1.5b-instruct")) == "informed"
-    assert str(auto.resolved("ckpt-7")) == "ood" and FewShotSpec.parse("ood:1").resolved("embedded:x").k == 1
+    assert str(auto.resolved(is_embedded_checkpoint("embedded:qwen2.5-coder-1.5b-instruct"))) == "informed"
+    assert str(auto.resolved(is_embedded_checkpoint("ckpt-7"))) == "ood" and FewShotSpec.parse("ood:1").resolved(True).k == 1
 
 
 @pytest.mark.parametrize("text, store, where", [("local", "local", None), ("sqlite:/tmp/l.sqlite", "sqlite", "/tmp/l.sqlite"),

@@ -1,5 +1,5 @@
 """Deployments for real: a long-lived local Prefect server (infra/prefect-server.sh), the scheduled-answering
-deployment served by `python -m flows.serve`, a schedule firing and its run completing; an answer run killed
+deployment run by `python -m flows.deploy`, a schedule firing and its run completing; an answer run killed
 with SIGKILL mid-way resuming without duplicate rows or lost shards; the shipped infra files staying valid.
 
 The flows run the smallest real model (SmolLM2-135M, transformers backend) as the conductor over the
@@ -163,7 +163,7 @@ def test_server_script_is_idempotent_and_reports_status(prefect_server):
 def _serve_until_completed(server: dict, tmp_path: Path, name: str, params: dict, timeout: float) -> dict:
     """Serve one deployment with a 15 s interval schedule until the scheduler's first run completes.
 
-    The deployment is registered by ``python -m flows.serve``; the server's scheduler service creates the
+    The deployment is registered by ``python -m flows.deploy``; the server's scheduler service creates the
     run from the schedule; the serving process picks it up (polling every 2 s) and runs it as a subprocess.
     """
     client_home = tmp_path / f"client-{name}"
@@ -171,7 +171,7 @@ def _serve_until_completed(server: dict, tmp_path: Path, name: str, params: dict
     env = _clean_env(PREFECT_API_URL=server["url"], PREFECT_HOME=str(client_home),
                      PREFECT_RUNNER_POLL_FREQUENCY="2", CONDUCTOR_REGISTRY=str(tmp_path / "registry"),
                      PREFECT_LOGGING_LEVEL="INFO")   # flow logs in the serve log, for failure messages
-    argv = [sys.executable, "-m", "flows.serve", "--only", name, "--interval", f"{name}=15"]
+    argv = [sys.executable, "-m", "flows.deploy", "--only", name, "--interval", f"{name}=15"]
     for key, value in params.items():
         argv += ["--param", f"{name}.{key}={value if isinstance(value, str) else json.dumps(value)}"]
     serve = subprocess.Popen(argv, cwd=str(ROOT), env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT,
@@ -357,9 +357,22 @@ def test_cli_and_serve_fail_with_one_line_errors(tmp_path):
     assert listed.returncode == 0
     rows = [json.loads(line) for line in listed.stdout.splitlines()]
     assert [r["name"] for r in rows] == ["nightly-retraining", "scheduled-answering"]
-    no_api = subprocess.run([sys.executable, "-m", "flows.serve"], cwd=str(ROOT), env=env, capture_output=True,
+    no_api = subprocess.run([sys.executable, "-m", "flows.deploy"], cwd=str(ROOT), env=env, capture_output=True,
                             text=True, timeout=60)
     assert no_api.returncode == 2 and no_api.stderr.startswith("error: PREFECT_API_URL is not set")
+
+
+def test_deploy_start_runs_the_deployments_and_serve_means_the_http_server_only(tmp_path):
+    """`conductor deploy start` is `python -m flows.deploy` (the Prefect deployments, #50); `serve` is only
+    `conductor serve`, the HTTP server: neither the deploy group nor the flows hold a `serve` any more."""
+    env = _clean_env(PREFECT_HOME=str(tmp_path))
+    start = subprocess.run([sys.executable, "-m", "conductor", "deploy", "start", "--only", "scheduled-answering"],
+                           cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=60)
+    assert start.returncode == 2 and start.stderr.startswith("error: PREFECT_API_URL is not set"), start.stderr
+    old = subprocess.run([sys.executable, "-m", "conductor", "deploy", "serve"], cwd=str(ROOT), env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert old.returncode == 2 and "No such command 'serve'" in old.stderr
+    assert not (ROOT / "flows" / "serve.py").exists()
 
 
 def test_compose_file_is_valid_and_wires_the_server():

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conductor.grading.extract import (
+from conductor.extract.answer import (
     DEFAULT_RULES,
     Extraction,
     _fenced_blocks,

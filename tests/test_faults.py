@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 from conductor.data.questions import Question
 from conductor.execution.cache import ResponseCache, messages_hash
 from conductor.execution.executor import Executor, RoundResult
-from conductor.execution.sandbox import default_mode
+from conductor.extract.answer import extract
 from conductor.grading import grade
-from conductor.grading.extract import extract
 from conductor.lake.reader import scan
 from conductor.lake.writer import migrate, write_shard
 from conductor.prompts import worker_messages
+from conductor.sandbox import default_mode
 from conductor.trajectory import Trajectory
 from conductor.workers.faults import plan_faults, plant_wrong_answer, rewrite_step, wrong_value
 from conductor.workers.pool import DEFAULT_INJECTION, Faults, Pool, PoolError, Worker, load_pool, parse_pool
@@ -31,6 +31,7 @@ from conductor.workers.providers.base import Message
 from conductor.workers.providers.python_tool import find_code
 from conductor.workers.providers.simulated import register_gold
 from conductor.workflow import Step, Workflow
+from tests.cli_checks import run
 
 ROOT = Path(__file__).resolve().parent.parent
 Q_MATH = "Faults test: Tom has 40 marbles and finds 2 more. How many marbles does he have?"
@@ -317,3 +318,23 @@ def test_a_planted_wrong_answer_changes_what_the_numeric_grader_reads_in_prose()
     planted = plant_wrong_answer(reply, 0.0)
     assert planted is not None
     assert not NumericGrader().grade(q, planted[0]).correct, planted
+
+
+def test_13_a_fault_latency_past_the_call_timeout_is_refused(tmp_path):
+    import yaml
+
+    from conductor.workers.pool import PoolError, load_pool
+
+    doc = yaml.safe_load((ROOT / "data/pools/simulated.yaml").read_text())
+    doc["workers"][0]["faults"] = {"latency_s": 1e9}
+    p = tmp_path / "pool.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    with pytest.raises(PoolError, match=r"faults.latency_s \(1e\+09\) must be below limits.timeout_s"):
+        load_pool(p)
+    doc["workers"][0]["faults"] = {"inject": {"rate": 0.5, "text": "x" * 2_000_000}}
+    p.write_text(yaml.safe_dump(doc))
+    with pytest.raises(PoolError, match="inject"):
+        load_pool(p)
+    doc["workers"][0]["faults"] = {"latency_s": 0.5}
+    p.write_text(yaml.safe_dump(doc))
+    assert load_pool(p).workers[0].faults.latency_s == 0.5

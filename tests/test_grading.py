@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 
 from conductor.data.datasets import load_dataset
 from conductor.data.questions import Question
-from conductor.execution.sandbox import Limits, Sandbox
+from conductor.extract.numbers import to_number
 from conductor.grading import GradeResult, get_grader, grade_many
 from conductor.grading.code import CodeGrader
 from conductor.grading.equivalence import MathGrader
 from conductor.grading.mathverify import MathVerifyPool
-from conductor.grading.numeric import to_number
+from conductor.sandbox import Limits, Sandbox
 
 
 def perturb(gold: str) -> str:
@@ -212,7 +212,7 @@ def test_stdin_stdout_many_cases_and_a_late_failure():
 
 
 # --------------------------------------------------------------------------- the code harness holds against a hostile program
-# (the exits and always-equal results the harness was built for are in tests/test_adversarial_grading.py)
+# (the exits and always-equal results the harness was built for are in tests/test_grading_hostile.py)
 
 ADD_ONE = {"tests": "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(41) == 42\n",
            "entry_point": "add_one"}
@@ -283,8 +283,8 @@ def test_stdin_stdout_items_still_accept_an_exit_after_the_right_output(code_gra
 def test_to_exact_reads_any_integer_and_scientific_form_exactly(n, e, form):
     from fractions import Fraction
 
+    from conductor.extract.numbers import numbers_equal, to_exact
     from conductor.grading.base import gold_text
-    from conductor.grading.numeric import numbers_equal, to_exact
 
     digits = gold_text(n)
     assert to_exact(digits) == n

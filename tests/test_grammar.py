@@ -8,8 +8,8 @@ import importlib.util
 import pytest
 
 from conductor.decoding.grammar import workflow_grammar
+from conductor.generation import GenerationParams
 from conductor.parser import parse_workflow
-from conductor.policy.base import GenerationParams
 from conductor.workflow import Workflow
 
 needs_llama = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python not installed")

@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conductor.decoding.grammar import workflow_grammar
+from conductor.generation import GenerationParams
 from conductor.parser import parse_workflow
-from conductor.policy.base import GenerationParams
 from conductor.workflow import ALL, Workflow
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -264,7 +264,7 @@ VLLM_SCRIPT = r"""
 import json, sys
 from conductor.decoding.grammar import workflow_grammar
 from conductor.parser import parse_workflow
-from conductor.policy.base import GenerationParams
+from conductor.generation import GenerationParams
 from conductor.policy.vllm_backend import VLLMBackend
 from conductor.workflow import Workflow
 b = VLLMBackend(sys.argv[1], max_model_len=4096, dtype="float32")
@@ -279,7 +279,7 @@ print("RESULT " + json.dumps([isinstance(parse_workflow(s.text, n_workers=3, max
 def test_vllm_cpu_constrained_samples_parse():
     if not VLLM_PYTHON.is_file():
         pytest.skip(f"{VLLM_PYTHON} missing: run infra/vllm_cpu_venv.sh (or set CONDUCTOR_VLLM_PYTHON)")
-    from conductor.policy.transformers_backend import converted_dir
+    from conductor.local.transformers_server import converted_dir
 
     conv = converted_dir(_smol())
     if not (conv / "config.json").is_file():

@@ -14,7 +14,7 @@ from conductor.learning.grpo.modes import RandomizedPoolConfig, forced_recursion
 from conductor.learning.grpo.samples import build_samples
 from conductor.trajectory import Round
 from conductor.workers.pool import load_pool
-from grpo_fixtures import rollout, tiny_checkpoint
+from grpo_fixtures import rollout
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -148,10 +148,10 @@ def test_micro_batch_contributions_sum_to_the_full_batch_loss(mode):
 # ------------------------------------------------------------------ real training steps
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    pytest.importorskip("transformers")
+def tiny(tiny: Path) -> Path:
+    """The session's tiny checkpoint (tests/conftest.py); training it needs trl."""
     pytest.importorskip("trl")
-    return tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "base")
+    return tiny
 
 
 def _seq_logprob(trainer, prompt: str, completion: str) -> float:
@@ -334,8 +334,8 @@ def test_behaviour_logprobs_from_the_transformers_backend_match_the_trainer(tiny
     """Sample with the transformers policy backend from the very model being trained: the trainer's
     tokenisation and log-probs must reproduce the sampler's, i.e. the first ratio is 1 and the KL 0."""
     backend_mod = pytest.importorskip("conductor.policy.transformers_backend")
+    from conductor.generation import GenerationParams
     from conductor.learning.grpo.trainer import PolicyTrainer
-    from conductor.policy.base import GenerationParams
 
     tr = PolicyTrainer(str(tiny), GRPOConfig.cpu(learning_rate=1e-3, total_iterations=2))
     backend = backend_mod.TransformersBackend(tr.model, tr.tokenizer, batch_size=4)

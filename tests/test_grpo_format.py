@@ -12,11 +12,11 @@ import pytest
 
 from conductor.decoding.contract import FORMAT_FILE, ConductorFormat, load_format
 from conductor.decoding.subtasks import DEFAULT_SUBTASKS
+from conductor.generation import GenerationParams
 from conductor.learning.grpo.checkpoint import formatted_base
 from conductor.parser import parse_workflow
-from conductor.policy.base import GenerationParams
 from conductor.workflow import Workflow
-from grpo_fixtures import rollout, tiny_checkpoint
+from grpo_fixtures import rollout
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,12 +36,12 @@ def test_format_round_trips_and_validates():
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
+def tiny(tiny: Path) -> Path:
+    """The session's tiny checkpoint (tests/conftest.py); constrained decoding needs llguidance."""
     torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
     pytest.importorskip("llguidance")
     torch.set_num_threads(1)      # a busy 2-core box: one thread is several times faster than two contending
-    return tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt", seed=3)
+    return tiny
 
 
 def _prompt(k: int) -> str:

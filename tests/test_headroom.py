@@ -1,4 +1,4 @@
-"""The headroom check (conductor/stats/headroom.py, `conductor headroom`): a pool built to be pool-bound says so,
+"""The headroom check (conductor/stats/headroom/, `conductor headroom`): a pool built to be pool-bound says so,
 one built to be router-bound says so, the intervals and the random-mix line are what they claim, the report is
 seeded and order-free, and the command writes its three files or fails in one line."""
 

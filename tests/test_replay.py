@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conductor.data.datasets import cached_wheel, shared_data_dir
-from conductor.data.questions import Question, mcq_prompt, with_instruction
+from conductor.data.datasets import cached_wheel
+from conductor.data.questions import Question, mcq_prompt, normalize_question, with_instruction
+from conductor.resources import shared_data_dir
 from conductor.trajectory import CallRecord, Round, Trajectory, trajectory_id
 from conductor.workers.pool import Pool, Worker, load_pool
 from conductor.workers.providers.base import Message, ProviderError, make_provider
@@ -22,7 +23,6 @@ from conductor.workers.recordings import (
     clear_cache,
     load_recordings,
     mcq_text,
-    normalize_question,
     parse_source,
     recording_key,
 )

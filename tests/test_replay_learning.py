@@ -16,21 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.grpo_fixtures import tiny_checkpoint
-
 ROOT = Path(__file__).resolve().parent.parent
 POOL = ROOT / "data" / "pools" / "replay-gsm8k.yaml"
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    pytest.importorskip("transformers")
-    return tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "base")
-
-
-@pytest.fixture(scope="module")
 def recordings() -> None:
-    from conductor.data.datasets import shared_data_dir
+    from conductor.resources import shared_data_dir
 
     if not (shared_data_dir() / "routellm" / "gsm8k_responses.csv").exists():
         pytest.skip("RouteLLM recordings not found beside the checkout (../shared/data/routellm)")

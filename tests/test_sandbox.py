@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from conductor.execution.sandbox import Limits, Sandbox, SandboxResult
 from conductor.grading.code import CodeGrader
+from conductor.sandbox import Limits, Sandbox, SandboxResult
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_UID = int(os.environ.get("CONDUCTOR_SANDBOX_TEST_UID", "64123"))   # an unused uid: the "normal user"
@@ -65,7 +65,7 @@ os.execve(argv[0], argv, cfg["env"])
 
 _SERVER = r'''
 import dataclasses, json, os, sys
-from conductor.execution.sandbox import Limits, Sandbox
+from conductor.sandbox import Limits, Sandbox
 boxes = {}
 def sandbox(kw):
     key = json.dumps(kw, sort_keys=True)
@@ -385,7 +385,7 @@ def test_parallel_runs_are_bounded_and_all_finish(mode):
 def test_run_ends_even_if_the_parent_dies_first(mode):
     marker = f"sbx-{uuid.uuid4().hex}"
     # the child starts a sleeping sandboxed program, waits until it runs, then dies without cleaning up
-    script = (f"import os, threading, time\nfrom conductor.execution.sandbox import Sandbox, Limits\nmarker = {marker!r}\n"
+    script = (f"import os, threading, time\nfrom conductor.sandbox import Sandbox, Limits\nmarker = {marker!r}\n"
               "def running():\n    for p in os.listdir('/proc'):\n        try:\n"
               "            if p.isdigit() and marker.encode() in open(f'/proc/{p}/environ', 'rb').read():\n"
               "                return True\n        except OSError:\n            pass\n    return False\n"

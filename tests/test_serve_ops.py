@@ -128,7 +128,7 @@ def test_store_text_keeps_the_question_in_the_lake(tmp_path):
 
 def test_concurrent_conductor_generations_are_batched():
     from conductor.data.questions import Question
-    from conductor.policy.base import Generation
+    from conductor.generation import Generation
     from conductor.policy.fixed import FixedWorkflowPolicy
     from conductor.run.pipeline import RunSpec, plan
     from conductor.serve.engine import GenerationBatcher, Model

@@ -126,3 +126,23 @@ def test_nightly_refuses_a_missing_labels_file_in_one_line(tmp_path):
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines() == [f"error: served_labels {tmp_path / 'nope.jsonl'}: no such file "
                                              "(a labels file: JSONL, CSV or Parquet with question and answer)"]
+
+
+def test_11_two_labels_that_contradict_for_one_served_question_are_refused(tmp_path):
+    from conductor.data.datasets import DatasetError
+    from conductor.data.served import ServedTraffic, redaction_mark, select_labelled
+
+    traffic = ServedTraffic.of([("served/r-1", redaction_mark("What is 2+2?")), ("served/r-2", "Name a colour")])
+    labels = tmp_path / "labels.jsonl"
+    rows = [{"question": "What is 2+2?", "answer": "4"}, {"question": "Name a colour", "answer": "red"},
+            {"question": "What is 2+2?", "answer": "4"}]            # a repeat: kept once
+    labels.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sel = select_labelled(traffic, str(labels))
+    assert [r["answer"] for r in sel.rows] == ["4", "red"]
+    labels.write_text("".join(json.dumps(r) + "\n" for r in rows + [{"question": "What is 2+2?", "answer": "5"}]))
+    with pytest.raises(DatasetError, match=r"labels\.jsonl:4: .*line 1 .*'4' there, '5' here"):
+        select_labelled(traffic, str(labels))
+    labels.write_text(json.dumps({"id": "chatcmpl-r-2", "question": "Name a colour", "answer": "red"}) + "\n"
+                      + json.dumps({"id": "r-2", "question": "name a colour", "answer": "blue"}) + "\n")
+    with pytest.raises(DatasetError, match=r"labels\.jsonl:2: "):
+        select_labelled(traffic, str(labels))

@@ -12,8 +12,8 @@ import pytest
 
 from conductor.data.questions import Question
 from conductor.execution.executor import Executor
+from conductor.generation import Generation
 from conductor.lake.reader import scan
-from conductor.policy.base import Generation
 from conductor.policy.openai_backend import EndpointError
 from conductor.run import pipeline
 from conductor.run.shards import MAX_CONDUCTOR_FAILURES, ShardLoop, run_shard
@@ -169,8 +169,8 @@ def test_a_greedy_call_is_one_reply_for_every_sample(tmp_path):
 
 def test_the_routing_prefill_writes_only_a_worker_index_and_keeps_the_prefix_in_the_tokens(tmp_path):
     pytest.importorskip("transformers")
+    from conductor.generation import GenerationParams
     from conductor.parser import parse_workflow
-    from conductor.policy.base import GenerationParams
     from conductor.policy.prefill import ROUTING_PREFILL, PrefilledBackend, RoutingConstraint
     from conductor.policy.transformers_backend import TransformersBackend
     from conductor.workflow import Workflow

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conductor.generation import GenerationParams
 from conductor.lake.reader import scan
 from conductor.parser import parse_workflow
-from conductor.policy.base import GenerationParams
 from conductor.policy.strategies import (
     VOTE_WORKER,
     RandomWorkflowPolicy,

@@ -21,7 +21,7 @@ VLLM_PYTHON = Path(os.environ.get("CONDUCTOR_VLLM_PYTHON", "/opt/conductor-vllm-
 SCRIPT = r"""
 import json, math, sys
 from conductor.parser import parse_workflow
-from conductor.policy.base import GenerationParams
+from conductor.generation import GenerationParams
 from conductor.policy.vllm_backend import VLLMBackend
 from conductor.prompts import conductor_prompt
 from conductor.workers.pool import load_pool
@@ -48,7 +48,7 @@ def test_vllm_offline_batch_on_cpu():
     if not VLLM_PYTHON.is_file():
         pytest.skip(f"{VLLM_PYTHON} missing: run infra/vllm_cpu_venv.sh (or set CONDUCTOR_VLLM_PYTHON)")
     from conductor.local import embedded
-    from conductor.policy.transformers_backend import converted_dir
+    from conductor.local.transformers_server import converted_dir
 
     try:
         hf = converted_dir(embedded.model_path("smollm2-135m-instruct"))

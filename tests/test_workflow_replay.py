@@ -219,7 +219,7 @@ def test_program_strategies_need_a_python_worker():
 
 
 def test_the_default_conductor_generation_is_never_made_during_a_replay(tmp_path):
-    from conductor.policy.base import Generation, GenerationParams
+    from conductor.generation import Generation, GenerationParams
     from conductor.policy.cached import CachedPolicy, ReplayMiss
 
     class Counting:

@@ -1,4 +1,4 @@
-"""`conductor deploy serve|list|run|yaml`: the scheduled deployments (defined in flows/deployments.py)."""
+"""`conductor deploy start|list|run|yaml`: the scheduled deployments (defined in flows/deployments.py)."""
 
 from __future__ import annotations
 
@@ -89,12 +89,12 @@ def _registered() -> dict:
         fail(f"cannot reach the Prefect API at {os.environ['PREFECT_API_URL']}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
 
 
-@deploy_app.command("serve")
-def serve_cmd(only: list[str] = ONLY, cron: list[str] = CRON, interval: list[str] = INTERVAL, param: list[str] = PARAM,
+@deploy_app.command("start")
+def start_cmd(only: list[str] = ONLY, cron: list[str] = CRON, interval: list[str] = INTERVAL, param: list[str] = PARAM,
               limit: int = typer.Option(1, "--limit", min=1, help="Flow runs executed at once."),
-              skip_missing: bool = typer.Option(False, "--skip-missing", help="Serve the others when a flow module is missing.")) -> None:
+              skip_missing: bool = typer.Option(False, "--skip-missing", help="Run the others when a flow module is missing.")) -> None:
     """Register the deployments with the server at PREFECT_API_URL and run their scheduled flow runs (foreground)."""
-    from flows.serve import main
+    from flows.deploy import main
 
     argv = [f"--only={x}" for x in only] + [f"--cron={x}" for x in cron] + [f"--interval={x}" for x in interval]
     argv += [f"--param={x}" for x in param] + [f"--limit={limit}"] + (["--skip-missing"] if skip_missing else [])

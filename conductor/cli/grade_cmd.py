@@ -67,15 +67,15 @@ def grade_cmd(
     import os
     from concurrent.futures import ThreadPoolExecutor
 
-    from conductor.execution.sandbox import Limits
     from conductor.grading.code import CodeGrader
+    from conductor.sandbox import Limits
 
     if workers < 0:
         fail(f"--workers must be 0 (one per core) or more, got {workers}")
     if not math.isfinite(timeout) or not 0 < timeout <= MAX_TIMEOUT_S:
         fail(f"--timeout must be a number of seconds > 0 and <= {MAX_TIMEOUT_S:.0f}, got {timeout}")
     from conductor.data.datasets import DatasetError, iter_lines
-    from conductor.execution.sandbox import kill_running
+    from conductor.sandbox import kill_running
 
     code_grader = CodeGrader(limits=Limits(wall_s=timeout))
     where = "<stdin>" if file == "-" else file

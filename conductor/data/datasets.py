@@ -26,7 +26,7 @@ from typing import Any
 
 from conductor.data.questions import ANSWER_INSTRUCTIONS, LETTERS, Domain, Question, mcq_prompt, with_instruction
 from conductor.data.sources import HubRows, Unreachable, locate
-from conductor.resources import project_root
+from conductor.resources import cache_dir, project_root
 
 
 class DatasetError(ValueError):
@@ -39,18 +39,6 @@ class DatasetError(ValueError):
 def repo_root() -> Path:
     """The checkout (or, installed, the project copy inside the package: ``conductor.resources``)."""
     return project_root()
-
-
-def shared_data_dir() -> Path:
-    """``$CONDUCTOR_SHARED_DATA`` or ``<repo>/../shared/data``."""
-    env = os.environ.get("CONDUCTOR_SHARED_DATA")
-    return Path(env) if env else repo_root().parent / "shared" / "data"
-
-
-def cache_dir() -> Path:
-    """``$CONDUCTOR_HOME/cache`` or ``~/.cache/conductor``."""
-    home = os.environ.get("CONDUCTOR_HOME")
-    return Path(home) / "cache" if home else Path.home() / ".cache" / "conductor"
 
 
 def cached_wheel(name: str, version: str, dest: Path | None = None) -> Path | None:

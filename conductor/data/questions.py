@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -167,3 +168,16 @@ def content_sharded(questions: Sequence[Question], shard_size: int,
         digest = hashlib.sha256("\x1f".join(key(q) for q in chunk).encode()).hexdigest()[:12]
         out.append((f"{safe_name(chunk[0].dataset)}-{digest}", chunk))
     return out
+
+
+def normalize_question(text: str) -> str:
+    """NFKC, whitespace runs collapsed to one space (ends stripped), casefolded.
+
+    >>> normalize_question("  What is\\n\\t2+2?  ")
+    'what is 2+2?'
+    >>> normalize_question("ＡＢＣ  Straße") == normalize_question("abc strasse")
+    True
+    >>> normalize_question(normalize_question(" A\\u00a0b ")) == normalize_question(" A\\u00a0b ")
+    True
+    """
+    return " ".join(unicodedata.normalize("NFKC", text).split()).casefold()

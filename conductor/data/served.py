@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from conductor.data.datasets import QUESTION_ALIASES, DatasetError, iter_rows
-from conductor.workers.recordings import normalize_question
+from conductor.data.questions import normalize_question
 
 _REDACTED = "[REDACTED:"
 

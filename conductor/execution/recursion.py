@@ -31,8 +31,8 @@ from conductor.workers.secrets import redact
 from conductor.workflow import DEFAULT_MAX_STEPS, Workflow, WorkflowError
 
 if TYPE_CHECKING:
+    from conductor.generation import Generation, GenerationParams, PolicyBackend
     from conductor.parser import ParseError
-    from conductor.policy.base import Generation, GenerationParams, PolicyBackend
     from conductor.trajectory import Trajectory
     from conductor.workers.pool import SubPool
 

@@ -3,9 +3,8 @@
 Kinds: ``math`` (math-verify equivalence), ``numeric`` (tolerance), ``mcq``
 (letter/index/option text), ``code`` (tests in the sandbox), ``exact`` (free text).
 
-The folder also holds what grading needs around the graders: answer extraction (``extract``) and the
-paper's reward (``reward``). Generated code runs in ``conductor.execution.sandbox``, shared with the
-``python`` tool worker.
+The folder also holds the paper's reward (``reward``) and the cost objective. Answers are read with
+``conductor.extract`` and generated code runs in ``conductor.sandbox``: leaves shared with the tool workers.
 """
 
 from __future__ import annotations

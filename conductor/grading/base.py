@@ -110,6 +110,6 @@ def gold_text(value: Any) -> str:
 
 
 def rules_for(question: Question, kind: str) -> Sequence[str]:
-    from conductor.grading.extract import DEFAULT_RULES
+    from conductor.extract.answer import DEFAULT_RULES
 
     return tuple(question.metadata.get("extract") or DEFAULT_RULES.get(kind, DEFAULT_RULES["free"]))

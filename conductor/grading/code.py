@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from conductor.data.questions import Question
-from conductor.execution.sandbox import Limits, Sandbox, SandboxResult, default_sandbox
+from conductor.extract.answer import code_block
 from conductor.grading.base import GradeResult, as_question, register_grader
-from conductor.grading.extract import code_block
+from conductor.sandbox import Limits, Sandbox, SandboxResult, default_sandbox
 
 
 def solution_source(code: str, entry_point: str | None, prompt: str | None = None) -> str:

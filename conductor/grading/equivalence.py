@@ -12,10 +12,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from conductor.data.questions import Question
+from conductor.extract.answer import extract
+from conductor.extract.numbers import numbers_equal, to_exact
 from conductor.grading.base import GradeResult, as_question, register_grader, rules_for
-from conductor.grading.extract import extract
 from conductor.grading.mathverify import MathVerifyPool, default_pool
-from conductor.grading.numeric import numbers_equal, to_exact
 
 _STRIP_RE = re.compile(r"\\left|\\right|\\!|\\,|\\;|\\ |\s|\$|\\displaystyle|\^\{?\\circ\}?|\.$")
 

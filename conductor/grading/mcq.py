@@ -7,8 +7,8 @@ from typing import Any
 
 from conductor.data.datasets import DatasetError, gold_letter
 from conductor.data.questions import LETTERS, Question
+from conductor.extract.answer import choice_letter, extract
 from conductor.grading.base import GradeResult, as_question, register_grader, rules_for
-from conductor.grading.extract import choice_letter, extract
 
 
 class MCQGrader:

@@ -83,7 +83,7 @@ def score_trajectory(traj: Trajectory, question: Question, scheme: RewardScheme 
         return traj
     if question.gold in (None, "") and not question.tests:
         # nothing to grade against (bulk answering a user's file): keep the answer, no reward, not a failure
-        from conductor.grading.extract import DEFAULT_RULES, extract
+        from conductor.extract.answer import DEFAULT_RULES, extract
 
         traj.extracted_answer = extract(traj.final_answer, DEFAULT_RULES.get(question.domain, DEFAULT_RULES["free"]))
         traj.correct, traj.reward = None, None

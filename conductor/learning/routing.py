@@ -112,7 +112,7 @@ def split_of(question: str, seed: int, train: float, val: float) -> str:
     >>> split_of("What is 2+2?", 0, 1.0, 0.0), split_of("What is 2+2?", 0, 0.0, 0.0)
     ('train', 'test')
     """
-    from conductor.workers.recordings import normalize_question
+    from conductor.data.questions import normalize_question
 
     h = hashlib.sha256(f"{seed}\x1f{normalize_question(question)}".encode()).hexdigest()
     u = int(h[:12], 16) / 16 ** 12

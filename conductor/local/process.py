@@ -19,13 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from conductor.workers.startup import StartError
+
 if TYPE_CHECKING:
     from conductor.workers.pool import Worker
 
 log = logging.getLogger(__name__)
 
 
-class ServerError(RuntimeError):
+class ServerError(StartError):
     """A server that would not start or answer; one line, names the model and its log."""
 
 

@@ -14,6 +14,7 @@ their output goes to a log file, never to the terminal.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from conductor.local.process import ServerError, ServerProcess, ServerSettings, default_threads, free_port
+from conductor.workers import startup
 
 if TYPE_CHECKING:
     from conductor.workers.pool import Pool
@@ -147,7 +149,8 @@ class EmbeddedServers:
         return self.server(name, alias, settings).url
 
     def reserve(self, name: str, alias: str | None = None, settings: ServerSettings | None = None) -> str:
-        """The base URL a server for ``name`` WILL answer on; it starts on the first ``ensure_started(url)``.
+        """The base URL a server for ``name`` WILL answer on; it starts before the first request to it
+        (``workers/startup.py``: the provider calls what is registered here).
 
         WHY: a rerun whose calls all hit the response cache, or a run that never routes to some worker,
         should not wait for models to load; callers start the server just before the first real request.
@@ -162,7 +165,7 @@ class EmbeddedServers:
             server = self.server_class(model_path(spec.name, self.data_dir), alias=key, settings=settings,
                                        port=free_port())
             self.servers[key] = server
-        _RESERVED[server.url] = server
+        startup.on_first_request(server.url, functools.partial(_start_reserved, server))
         return server.url
 
     def start(self, names: Iterable[str]) -> dict[str, str]:
@@ -171,7 +174,7 @@ class EmbeddedServers:
     def stop(self) -> None:
         for server in self.servers.values():
             server.stop()
-            _RESERVED.pop(server.url, None)
+            startup.forget(server.url)
         self.servers.clear()
 
     def __enter__(self) -> EmbeddedServers:
@@ -181,18 +184,13 @@ class EmbeddedServers:
         self.stop()
 
 
-_RESERVED: dict[str, ServerProcess] = {}   # URL -> server not necessarily started yet (EmbeddedServers.reserve)
 _START_LOCK = threading.Lock()
 
 
-def ensure_started(base_url: str | None) -> None:
-    """Start the reserved server behind ``base_url`` if it is not running; a no-op for any other URL.
-
-    Blocking (model load and health check): call it off the event loop (``asyncio.to_thread``).
-    """
-    server = _RESERVED.get(base_url or "")
-    if server is None:
-        return
+def _start_reserved(server: ServerProcess) -> None:
+    """Start a reserved server if it is not running (what the ``local`` provider runs before a request to it,
+    through ``workers/startup.py``). Blocking (model load and health check): the provider calls it off the
+    event loop."""
     with _START_LOCK:
         if server.process is None or server.process.poll() is not None:
             log.info("starting %s for %s on first use", server.label, server.alias)

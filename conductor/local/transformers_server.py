@@ -102,6 +102,15 @@ def _current(dest: Path, checkpoint: Path, files: list[str], config: str) -> boo
         return False
 
 
+def converted_dir(gguf_path: Path) -> Path:
+    """Where the float checkpoint converted from a GGUF file is kept (keyed by file name and size): what this
+    server serves for a GGUF model, and where the transformers backend and GRPO read and write it."""
+    from conductor.local.embedded import conductor_home
+
+    size = gguf_path.stat().st_size
+    return conductor_home() / "hf" / f"{gguf_path.stem}-{size}"
+
+
 @dataclass
 class TransformersServer(ServerProcess):
     """``transformers serve`` for one model: a GGUF file (converted once) or a transformers checkpoint dir.
@@ -121,8 +130,6 @@ class TransformersServer(ServerProcess):
         """The float checkpoint served: the dir itself, or where the GGUF's conversion is cached."""
         if self.model_path.is_dir():
             return self.model_path
-        from conductor.policy.transformers_backend import converted_dir
-
         return converted_dir(self.model_path)
 
     def prepare(self) -> None:

@@ -3,7 +3,7 @@
 Backends import their heavy libraries only when built; ``make_policy(spec)`` picks one.
 """
 
-from conductor.policy.base import Generation, GenerationParams, PolicyBackend
+from conductor.generation import Generation, GenerationParams, PolicyBackend
 from conductor.policy.factory import PolicySpec, PolicySpecError, make_policy, parse_spec
 
 __all__ = ["Generation", "GenerationParams", "PolicyBackend", "PolicySpec", "PolicySpecError", "make_policy", "parse_spec"]

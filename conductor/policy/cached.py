@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from conductor.policy.base import Generation, GenerationParams, PolicyBackend
+from conductor.generation import Generation, GenerationParams, PolicyBackend
 from conductor.policy.openai_backend import EndpointError
 from conductor.workers.providers.base import Completion
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from conductor.policy.base import PolicyBackend
+from conductor.generation import PolicyBackend
 from conductor.policy.spec import (
     BACKEND_SPECS,
     BACKENDS,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from conductor.decoding.subtasks import DIRECT_SUBTASK
-from conductor.policy.base import Generation, GenerationParams
+from conductor.generation import Generation, GenerationParams
 from conductor.workflow import Step, Workflow
 
 

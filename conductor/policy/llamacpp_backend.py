@@ -36,8 +36,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from conductor.generation import Generation, GenerationParams
 from conductor.local.prefix_cache import MIN_GAIN, MIN_SAVED_PREFIX, PrefixCache, PrefixState, common_length
-from conductor.policy.base import Generation, GenerationParams
 
 if TYPE_CHECKING:
     from llama_cpp.llama_types import ChatCompletionRequestMessage

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from conductor.policy.base import Generation, GenerationParams
+from conductor.generation import Generation, GenerationParams
 from conductor.policy.spec import StrategyError
 from conductor.workflow import Step, Workflow
 

@@ -15,7 +15,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from conductor.policy.base import Generation, GenerationParams
+from conductor.generation import Generation, GenerationParams
 
 _LOOPBACK = ("http://127.0.0.1", "http://localhost", "http://[::1]")
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from conductor.policy.base import Generation, GenerationParams
+from conductor.generation import Generation, GenerationParams
 
 if TYPE_CHECKING:
     from conductor.policy.transformers_backend import TransformersBackend

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from conductor.policy.base import Generation, GenerationParams
+from conductor.generation import Generation, GenerationParams
 from conductor.policy.fixed import DIRECT_SUBTASK, FixedWorkflowPolicy
 from conductor.policy.spec import (
     STRATEGY_FORMS,

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from conductor.decoding.mask import GrammarLogitsProcessor
 from conductor.decoding.vocabulary import eos_token_ids, llguidance_vocabulary, output_size
-from conductor.policy.base import Generation, GenerationParams
+from conductor.generation import Generation, GenerationParams
+from conductor.local.transformers_server import converted_dir
 
 if TYPE_CHECKING:
     from conductor.decoding.contract import ConductorFormat
@@ -248,14 +249,6 @@ def detach_gguf_quantizer(model: Any) -> Any:
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
     return model
-
-
-def converted_dir(gguf_path: Path) -> Path:
-    """Where the float checkpoint converted from a GGUF file is kept (keyed by file name and size)."""
-    from conductor.local.embedded import conductor_home
-
-    size = gguf_path.stat().st_size
-    return conductor_home() / "hf" / f"{gguf_path.stem}-{size}"
 
 
 def _save_converted(model: Any, tokenizer: Any, dest: Path) -> None:

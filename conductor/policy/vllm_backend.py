@@ -21,7 +21,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from conductor.policy.base import Generation, GenerationParams
+from conductor.generation import Generation, GenerationParams
 
 
 class VLLMBackend:

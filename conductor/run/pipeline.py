@@ -23,8 +23,8 @@ from conductor.workflow import DEFAULT_MAX_STEPS
 
 if TYPE_CHECKING:
     from conductor.data.questions import Question
+    from conductor.generation import Generation, GenerationParams, PolicyBackend
     from conductor.grading.reward import RewardScheme
-    from conductor.policy.base import Generation, GenerationParams, PolicyBackend
     from conductor.run.config import AnswerConfig, RolloutConfig
 
 
@@ -82,7 +82,7 @@ class RunSpec:
 
     def generation_params(self) -> GenerationParams:
         """Sampling settings, with the sub-pool's size (one per run): a checkpoint's decoding contract needs it."""
-        from conductor.policy.base import GenerationParams
+        from conductor.generation import GenerationParams
 
         k = len(self.pool.workers)
         return GenerationParams(temperature=self.temperature, max_tokens=self.max_tokens, seed=self.seed,

@@ -98,7 +98,7 @@ def _prepare(config: AnswerConfig) -> AnswerInputs:
         # the untrained embedded conductor writes prose too often without the grammar
         "constrained": embedded if c.constrained is None else c.constrained,
         # the informed prompt for the untrained embedded conductor
-        "fewshot": c.fewshot.resolved(checkpoint),
+        "fewshot": c.fewshot.resolved(embedded),
         # an untrained 1.5B samples garbled workflows at 0.7 (measured); its greedy one is its best
         "temperature": (0.0 if embedded else 0.7) if c.temperature is None else c.temperature})
     key = resolved.settings_key(manifest, checkpoint)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     from conductor.execution.executor import Executor
     from conductor.execution.shared_limits import LimitsSpec
-    from conductor.policy.base import PolicyBackend
+    from conductor.generation import PolicyBackend
     from conductor.policy.spec import AutoSpec, ChampionSpec, ConductorSpec
     from conductor.workers.pool import Pool
 

@@ -53,9 +53,9 @@ if TYPE_CHECKING:
     from conductor.data.questions import Question
     from conductor.execution.batch.executor import BatchExecutor
     from conductor.execution.executor import Executor
+    from conductor.generation import PolicyBackend
     from conductor.grading.reward import RewardScheme
     from conductor.lake.resume import RunState
-    from conductor.policy.base import PolicyBackend
     from conductor.run.pipeline import RunSpec
     from conductor.trajectory import Trajectory
     from conductor.workers.pool import Pool

@@ -30,8 +30,8 @@ from conductor.workers.secrets import redact
 
 if TYPE_CHECKING:
     from conductor.execution.executor import AnswerSinks, Executor
+    from conductor.generation import PolicyBackend
     from conductor.learning.registry import CheckpointEntry
-    from conductor.policy.base import PolicyBackend
     from conductor.policy.spec import ConductorSpec
     from conductor.run.pipeline import RunSpec
     from conductor.run.runtime import Live
@@ -449,7 +449,7 @@ class ServeEngine:
                                    f"and {max_steps} steps)", "conductor")
         return RunSpec(run_id="", kind="served", pool=pool, checkpoint_id=model.checkpoint_id,
                        recursion_depth=cfg.recursion_depth, max_steps=max_steps,
-                       fewshot=resolve_fewshot(cfg.fewshot, model.checkpoint_id),
+                       fewshot=resolve_fewshot(cfg.fewshot, is_embedded_checkpoint(model.checkpoint_id)),
                        constrained=(is_embedded_checkpoint(model.checkpoint_id) if cfg.constrained is None
                                     else cfg.constrained),
                        max_tokens=cfg.conductor_max_tokens)

@@ -2,7 +2,7 @@
 bootstrap over questions and McNemar's exact test.
 
 One home for what ``learning/evaluation.py`` (candidate against champion), ``run/compare.py`` (a strategy
-against the best single worker) and ``stats/headroom.py`` (workers and oracles) all compute: two sides scored
+against the best single worker) and ``stats/headroom/`` (workers and oracles) all compute: two sides scored
 on the same questions, where the question (not the sample) is the unit that is resampled and paired, because
 repeats of one question are not independent.
 

@@ -7,7 +7,7 @@ against real frontier-model behaviour for the price of a file read.
 
 Keying
 ------
-:func:`normalize_question` folds a question to NFKC, collapses all whitespace to single spaces and
+:func:`~conductor.data.questions.normalize_question` folds a question to NFKC, collapses all whitespace to single spaces and
 casefolds it; :func:`recording_key` is the SHA-256 of that. A multiple-choice question is recorded as its
 stem *and* its lettered choices (``mcq_text``: "stem\\n\\nA. ...\\nB. ..."), because MMLU has stems shared by
 several questions with different options. :meth:`RecordingIndex.find` looks a text up by its key, then with
@@ -46,7 +46,7 @@ A source is one string, parsed once by :func:`parse_source` into a :class:`Recor
     first by the lake's date partition (the first found wins within a date); ``correct`` is the trajectory's
     verdict where the call's reply was the final answer, else None.
 
-Relative paths: ``routellm-*`` paths resolve against :func:`conductor.data.datasets.shared_data_dir`
+Relative paths: ``routellm-*`` paths resolve against :func:`conductor.resources.shared_data_dir`
 (``$CONDUCTOR_SHARED_DATA`` or ``<repo>/../shared/data``); plain files and ``lake:`` paths resolve against the
 process's working directory (a provider is built from a worker, which does not know its manifest's path).
 ``~`` and ``${VAR}`` / ``${VAR:-default}`` are expanded; URLs (``s3://...``) are used as given.
@@ -76,11 +76,12 @@ import os
 import random
 import re
 import threading
-import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
+
+from conductor.data.questions import normalize_question
 
 if TYPE_CHECKING:
     from conductor.workers.providers.base import Message
@@ -103,19 +104,6 @@ class RecordingError(ValueError):
 
 
 # ------------------------------------------------------------------ keys
-
-def normalize_question(text: str) -> str:
-    """NFKC, whitespace runs collapsed to one space (ends stripped), casefolded.
-
-    >>> normalize_question("  What is\\n\\t2+2?  ")
-    'what is 2+2?'
-    >>> normalize_question("ＡＢＣ  Straße") == normalize_question("abc strasse")
-    True
-    >>> normalize_question(normalize_question(" A\\u00a0b ")) == normalize_question(" A\\u00a0b ")
-    True
-    """
-    return " ".join(unicodedata.normalize("NFKC", text).split()).casefold()
-
 
 def recording_key(text: str) -> str:
     """SHA-256 (hex) of the normalised question text.
@@ -286,7 +274,7 @@ class RecordingSource:
         p = Path(path).expanduser()
         if not p.is_absolute():
             if self.kind.startswith("routellm-"):
-                from conductor.data.datasets import shared_data_dir
+                from conductor.resources import shared_data_dir
 
                 p = shared_data_dir() / p
             else:

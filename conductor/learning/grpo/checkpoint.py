@@ -67,7 +67,7 @@ def resolve_model(spec: str) -> tuple[Path, str | None]:
     p = Path(spec.removeprefix("file://"))
     if p.is_file() and p.suffix == ".gguf":
         try:
-            from conductor.policy.transformers_backend import converted_dir
+            from conductor.local.transformers_server import converted_dir
 
             conv = converted_dir(p)
             if (conv / "config.json").is_file():
@@ -185,7 +185,7 @@ def ensure_hf_checkpoint(gguf_path: str | Path) -> Path:
     """A trainable HF checkpoint for a .gguf file: de-quantised once, cached where the transformers
     backend looks (``converted_dir``), written atomically. Training from the GGUF directly works too but
     de-quantises on every load (about a minute for SmolLM2-135M on two cores)."""
-    from conductor.policy.transformers_backend import converted_dir
+    from conductor.local.transformers_server import converted_dir
 
     gguf = Path(gguf_path)
     if not gguf.is_file():

@@ -50,7 +50,7 @@ def disagreement_note(responses: list[str]) -> str:
     >>> disagreement_note(["<answer>3</answer>", "4\\n"])
     'The 2 answers above disagree (3 | 4): decide between them.'
     """
-    from conductor.grading.extract import extract  # the recorded deciders' messages hold this text: keep it
+    from conductor.extract.answer import extract  # the recorded deciders' messages hold this text: keep it
 
     found = [(extract(r) or "no answer").strip() for r in responses]
     return f"The {len(responses)} answers above disagree ({' | '.join(found)}): decide between them."

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from conductor.workers.providers.base import Completion, Message, ProviderError, register_provider
 
 if TYPE_CHECKING:
-    from conductor.policy.base import GenerationParams, PolicyBackend
+    from conductor.generation import GenerationParams, PolicyBackend
     from conductor.workers.pool import Worker
 
 _lock = threading.Lock()
@@ -56,7 +56,7 @@ class ConductorWorker:
         self.binding = str(worker.options.get("binding", "default"))
 
     async def complete(self, messages: list[Message], *, sample_index: int = 0) -> Completion:
-        from conductor.policy.base import GenerationParams
+        from conductor.generation import GenerationParams
 
         bound = bound_conductor(self.binding)
         if bound is None:

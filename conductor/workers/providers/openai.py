@@ -23,6 +23,7 @@ from conductor.workers.pool import Worker
 from conductor.workers.providers.base import Completion, Message, ProviderError, TextSink, register_provider
 from conductor.workers.providers.shared import LoopBoundClose, classify, estimate_tokens, with_prefill
 from conductor.workers.secrets import get_key
+from conductor.workers.startup import StartError, start_before_request
 
 _NO_KEY = "no-key-needed"
 
@@ -76,12 +77,9 @@ class OpenAIChat:
 
     async def _ensure_started(self) -> None:
         if self.worker.provider == "local" and not self._started:   # an embedded server reserved, not started
-            from conductor.local.process import ServerError
-            from conductor.local.servers import ensure_started
-
-            try:
-                await asyncio.to_thread(ensure_started, self.worker.base_url)
-            except ServerError as e:   # the model would not load: infrastructure, not the workflow's fault
+            try:   # the runtime that reserved the server handed its start in (workers/startup.py)
+                await asyncio.to_thread(start_before_request, self.worker.base_url)
+            except StartError as e:   # the model would not load: infrastructure, not the workflow's fault
                 raise ProviderError("permanent", f"worker {self.worker.name}: {e}") from None
             self._started = True
 

@@ -14,7 +14,7 @@ A final bare expression is printed, as in a notebook (``solve()`` shows its valu
 
 The reply is what the program printed (trimmed, capped) plus a short stderr
 tail when it failed, timed out or ran out of memory; usage is 0 tokens, so cost
-is 0. Runs go through ``conductor.execution.sandbox`` (no network, private file system,
+is 0. Runs go through ``conductor.sandbox`` (no network, private file system,
 rlimits) with the manifest's ``sandbox:`` limits; the executor caches replies
 like any other call. A sandbox that cannot start is an infrastructure failure
 (retryable); everything the program itself does is an answer.
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 from conductor.workers.providers.base import Completion, Message, ProviderError, register_provider
 
 if TYPE_CHECKING:
-    from conductor.execution.sandbox import Limits, Sandbox, SandboxResult
+    from conductor.sandbox import Limits, Sandbox, SandboxResult
     from conductor.workers.pool import SandboxSpec, Worker
 
 SUBTASK_MARK = "Your assigned subtask:"
@@ -201,7 +201,7 @@ _LOCK = threading.Lock()
 
 def _sandbox(site_packages: bool) -> Sandbox:
     """The process-wide sandbox (one semaphore shared with the graders), or one that sees site-packages."""
-    from conductor.execution.sandbox import Sandbox, default_sandbox
+    from conductor.sandbox import Sandbox, default_sandbox
 
     with _LOCK:
         if site_packages not in _SANDBOXES:
@@ -219,7 +219,7 @@ class PythonTool:
         self.spec = worker.sandbox or SandboxSpec()
 
     def limits(self) -> Limits:
-        from conductor.execution.sandbox import Limits
+        from conductor.sandbox import Limits
 
         s = self.spec
         return Limits(wall_s=s.wall_s, cpu_s=s.cpu_s, memory_mb=s.memory_mb, output_chars=max(s.output_chars * 4, 4096))

@@ -3,7 +3,7 @@
 WHY: self-consistency (k samples, majority answer) must run through the same
 executor, grader and lake as every other strategy, so the vote is a workflow
 step like any other. It extracts each visible response's final answer with
-``conductor.grading.extract`` (tag, boxed, "the answer is", last number), groups equal
+``conductor.extract.answer`` (tag, boxed, "the answer is", last number), groups equal
 answers (numbers by value, choice letters case-blind, other text by its
 whitespace-normalised lower case; a response with no extractable answer votes
 with its whole text), and replies with the first response holding the most
@@ -37,8 +37,8 @@ def answer_key(response: str) -> str:
     >>> answer_key("no answer here at all")
     'text:no answer here at all'
     """
-    from conductor.grading.extract import extract
-    from conductor.grading.numeric import to_number
+    from conductor.extract.answer import extract
+    from conductor.extract.numbers import to_number
 
     found = extract(response)
     if found is None:

@@ -1,8 +1,11 @@
-"""The policy-backend extension point: prompts in, n sampled completions out.
+"""The generation protocol, the policy-backend extension point: prompts in, n sampled completions out.
 
-Backends (vLLM offline batch, transformers, llama.cpp, any OpenAI-compatible
+Backends (``conductor/policy/``: vLLM offline batch, transformers, llama.cpp, any OpenAI-compatible
 endpoint) apply the chat template themselves and return token ids and
 log-probs when they can, because GRPO needs the behaviour log-probs.
+
+A leaf at the top of the package (it imports nothing of the project): the policy backends implement it, and
+the executor's recursion rounds and the conductor-as-a-worker provider call it without importing ``policy/``.
 """
 
 from __future__ import annotations

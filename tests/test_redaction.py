@@ -1,4 +1,6 @@
-"""Issue #17, item 5: a key sent to the conductor's endpoint never reaches the terminal or Prefect's database.
+"""Secrets never reach the terminal, Prefect's database or a printed URL (issues #17, #39).
+
+A key sent to the conductor's endpoint never reaches the terminal or Prefect's database.
 
 The conductor is the OpenAI SDK against the loopback emulator, which answers a wrong key with a 401 whose
 body echoes the key (as real APIs partly do). The key does not look like a key (no ``sk-`` shape), so
@@ -15,6 +17,7 @@ import sys
 from pathlib import Path
 
 from conductor.testing.emulator import Emulator, EmulatorConfig
+from tests.cli_checks import run
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_POOL = str(ROOT / "data/pools/simulated.yaml")
@@ -86,3 +89,19 @@ def test_a_key_pasted_into_the_conductor_spec_is_refused_without_echoing_it(tmp_
                        env={**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
     assert r.returncode == 2 and SECRET not in r.stdout + r.stderr
     assert r.stderr.startswith("error: --conductor:") and "NAME of the environment variable" in r.stderr
+
+
+def test_7_secrets_in_urls_are_masked(tmp_path, monkeypatch):
+    monkeypatch.setenv("R3_API_KEY", "k3y-value-0123456789")
+    pool = tmp_path / "p.yaml"
+    pool.write_text("pool_id: p\nworkers:\n"
+                    "  - {name: a, provider: openai_compatible, model: m, base_url: 'http://h/v1?api-key=${R3_API_KEY}'}\n"
+                    "  - {name: b, provider: openai_compatible, model: m, base_url: 'http://user:pa55word-xyz@h/v1'}\n")
+    r = run("pool", "show", str(pool))
+    assert r.exit_code == 0, r.output
+    assert "k3y-value-0123456789" not in r.stdout and "pa55word-xyz" not in r.stdout
+    assert "http://h/v1?api-key=[REDACTED]" in r.stdout
+    from conductor.run.runtime import checkpoint_of
+
+    ckpt = checkpoint_of("openai:m@http://u:SECRET-pass@host/v1#VAR")
+    assert "SECRET-pass" not in ckpt and ckpt == "openai:m@http://[REDACTED]@host/v1#VAR"

@@ -1,4 +1,4 @@
-"""Serve the scheduled deployments from one long-lived process: ``python -m flows.serve``.
+"""Run the scheduled deployments from one long-lived process: ``python -m flows.deploy``.
 
 WHY: the simplest production shape with no work pool and no container: this
 process registers the deployments (nightly retraining, scheduled answering) with
@@ -7,8 +7,8 @@ as a subprocess when it is due. Schedules and parameters come from
 ``flows/deployments.py`` (``CONDUCTOR_*`` variables), overridable here:
 
     export PREFECT_API_URL=$(bash infra/prefect-server.sh start)
-    python -m flows.serve                                   # both deployments, shipped schedules
-    python -m flows.serve --only scheduled-answering --cron scheduled-answering="*/30 * * * *" \\
+    python -m flows.deploy                                   # both deployments, shipped schedules
+    python -m flows.deploy --only scheduled-answering --cron scheduled-answering="*/30 * * * *" \\
         --param scheduled-answering.questions=my_questions.jsonl
 """
 
@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m flows.serve", description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", action="append", default=[], metavar="NAME", help="serve only these deployments")
+    p = argparse.ArgumentParser(prog="python -m flows.deploy", description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", action="append", default=[], metavar="NAME", help="run only these deployments")
     p.add_argument("--cron", action="append", default=[], metavar="NAME=EXPR", help="replace a deployment's schedule")
     p.add_argument("--interval", action="append", default=[], metavar="NAME=SECONDS",
                    help="run a deployment every SECONDS instead of on its cron schedule")
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", default=str(REPO),
                    help="working directory of the flow runs; relative paths in parameters resolve here (default: the repo)")
     p.add_argument("--skip-missing", action="store_true",
-                   help="serve the other deployments when a flow module does not exist (instead of failing)")
+                   help="run the other deployments when a flow module does not exist (instead of failing)")
     return p
 
 
@@ -57,15 +57,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             except DeploymentConfigError as e:
                 if not (args.skip_missing and "does not exist" in str(e)):
                     raise
-                print(f"warning: {e}; not serving it", file=sys.stderr)
+                print(f"warning: {e}; not running it", file=sys.stderr)
     except DeploymentConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not deployments:
-        print("error: nothing to serve", file=sys.stderr)
+        print("error: nothing to run", file=sys.stderr)
         return 2
     os.chdir(args.workdir)
-    from prefect import serve
+    from prefect import serve  # Prefect's name for "register, then run each due flow run" in this process
 
     serve(*deployments, limit=args.limit)
     return 0

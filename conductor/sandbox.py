@@ -1,5 +1,8 @@
 """Run untrusted generated code in a separate, locked-down process.
 
+A shared leaf (it imports nothing of the project but ``conductor.resources``): the ``python`` tool worker runs
+programs with it during execution (``workers/providers/python_tool.py``), the code grader after it.
+
 Why each guard exists (see docs/grading.md for what is and is not enforced):
 - ``unshare --net --pid --mount``: no network (a fresh namespace with only a
   downed loopback), a private PID namespace (when the run ends, every process it
@@ -263,10 +266,10 @@ def default_mode() -> Mode:
 
 
 def _default_hidden() -> list[str]:
-    from conductor.data.datasets import cache_dir, repo_root, shared_data_dir
+    from conductor.resources import cache_dir, project_root, shared_data_dir
 
     system = {"/", "/usr", "/bin", "/lib", "/lib64", "/etc", "/proc", "/sys", "/dev", "/sbin"}
-    paths = [Path.home(), repo_root(), repo_root().parent, shared_data_dir(), cache_dir(),
+    paths = [Path.home(), project_root(), project_root().parent, shared_data_dir(), cache_dir(),
              Path(os.environ.get("CONDUCTOR_HOME", "/nonexistent")), Path("/home"), Path("/mnt"), Path("/media"),
              Path("/srv"), Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"), Path("/run"), Path("/var/run"),
              Path(tempfile.gettempdir())]

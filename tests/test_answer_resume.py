@@ -1,4 +1,4 @@
-"""Issue #17, items 1 and 2: a rerun resumes by content and layout, not by path and arguments.
+"""A rerun of `conductor answer` (issues #17, #39) resumes by content and layout, not by path and arguments.
 
 Real Prefect (ephemeral), the real Parquet lake, the simulated pool and the fixed single-worker policy; the
 infrastructure failures come from a real OpenAI SDK worker (missing key) against the loopback emulator.
@@ -13,6 +13,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from conductor.lake import write_shard
 from conductor.lake.reader import scan
 from conductor.testing.emulator import Emulator
 
@@ -174,3 +175,22 @@ def test_the_summary_names_the_workers_the_workflows_called(tmp_path):
     line = next(ln for ln in s.render().splitlines() if ln.strip().startswith("workers used"))
     for w, (n, q) in s.workers_used.items():
         assert f"{w} {n} call{'s' if n != 1 else ''} in {q} of 6 questions" in line
+
+
+def test_16_a_retried_shard_keeps_the_failed_attempt_as_history(tmp_path):
+    from conductor.data.questions import Question, content_sharded
+    from conductor.lake.resume import committed
+    from lake_records import traj
+
+    failed = [traj("r", f"q{i}", 0, kind="answer", infra_cause="rate_limited: x") for i in range(2)]
+    write_shard(tmp_path, failed, "first")
+    state = committed(tmp_path, "answer", "r")
+    ids = {t.question_id: [t.trajectory_id] for t in failed}
+    assert state.failed == set(sum(ids.values(), [])) and set(state.failed_rows.values()) == {1}
+    qs = [Question(id=f"q{i}", dataset="d", domain="math", prompt="p") for i in range(2)]
+    plain = content_sharded(qs, 5, key=lambda q: "\x1f".join(ids[q.id]))
+    retry = content_sharded(qs, 5, key=lambda q: "\x1f".join(ids[q.id]) + state.attempt_key(ids[q.id]))
+    assert plain[0][0] != retry[0][0]        # the retry writes a shard of its own: the failed rows are kept
+    write_shard(tmp_path, failed, "second")   # failed again: the next retry gets yet another name
+    again = committed(tmp_path, "answer", "r")
+    assert again.attempt_key(ids["q0"]) != state.attempt_key(ids["q0"])

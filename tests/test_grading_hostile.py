@@ -1,4 +1,5 @@
-"""Adversarial inputs to the reward path (issue #17 items 3, 4, 7, 8 and issue #12's extraction defects).
+"""Adversarial inputs to the reward path (issue #17 items 3, 4, 7, 8, issue #12's extraction defects, issue #39 items 9, 16, 18):
+degenerate replies, huge golds, hedged choices, rigged code, and `conductor grade` under signals.
 
 Each test here failed on the code before the fix: exiting early passed code tests, extraction was
 quadratic, huge or scientific golds could not be read, and markdown-wrapped choices were missed. The
@@ -7,22 +8,27 @@ sandbox's containment tests, run as root and as a normal user, live in tests/tes
 
 from __future__ import annotations
 
+import json
+import os
+import random
 import resource
+import signal
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
 from conductor.data.questions import Question
-from conductor.execution.sandbox import Limits, Sandbox
+from conductor.extract.answer import MAX_CHARS, answer_tag, extract
 from conductor.grading import get_grader
 from conductor.grading.code import CodeGrader
-from conductor.grading.extract import MAX_CHARS, answer_tag, extract
 from conductor.grading.reward import score_trajectory
+from conductor.sandbox import Limits, Sandbox
 from conductor.trajectory import Round, Trajectory
-
-# --------------------------------------------------------------------------- extraction cost
+from tests.cli_checks import one_error, run
 
 CPU_BUDGET_S = 20   # CPU seconds (not wall time: a loaded machine does not change it); the fixed code needs < 1
 
@@ -48,7 +54,7 @@ def _under_cpu_budget(snippet: str) -> str:
 ])
 def test_degenerate_replies_are_extracted_in_linear_time(name, build, call, want):
     out = _under_cpu_budget(f"""
-        from conductor.grading.extract import boxed, choice_letter, code_block, extract
+        from conductor.extract.answer import boxed, choice_letter, code_block, extract
         t = {build}
         r = {call}
         print(repr(r) if r is None or len(r) < 20 else str(len(r)) + " chars: " + repr(r[:9]))
@@ -68,7 +74,7 @@ def test_a_100000_digit_answer_is_read_in_linear_time():
 def test_the_final_sentence_rule_is_linear():
     """Issue #47's sentence rule on a 100,000-digit numeral, 50,000 openers, a 40,000-way hedge and 60,000 commas."""
     out = _under_cpu_budget("""
-        from conductor.grading.extract import final_sentence
+        from conductor.extract.answer import final_sentence
         from conductor.grading import get_grader
         g = get_grader("numeric")
         texts = ["9" * 100_000, "So, " * 50_000 + "5 cows.", "1 or 2 or " * 40_000, "a, " * 60_000 + "2 apples.",
@@ -88,8 +94,6 @@ def test_extraction_deadline_stops_trying_rules():
     assert extract("no tag but the number 5", ("tag", "last_number")) == "5"
     assert extract("no tag but the number 5", ("tag", "last_number"), deadline_s=-1.0) is None
 
-
-# --------------------------------------------------------------------------- golds that are numbers
 
 NINES = "9" * 5000
 
@@ -138,8 +142,6 @@ def test_a_number_that_opens_a_phrase_is_the_answer():
     assert not get_grader("numeric").grade("4", "<answer>20 cups of feed, which is 4 cups per hen</answer>").correct
 
 
-# --------------------------------------------------------------------------- markdown-wrapped choices (issue #12)
-
 MCQ = {"gold": "B", "choices": ["boil it", "use heat", "freeze it", "ignore it"]}
 
 
@@ -158,8 +160,6 @@ def test_markdown_wrapped_wrong_choice_is_wrong():
     res = get_grader("mcq").grade(MCQ, "The most effective method for sterilising it is to **C**.")
     assert (res.correct, res.extracted) == (False, "C")
 
-
-# --------------------------------------------------------------------------- code rewards that exit early (#17 item 3)
 
 ADD_ONE = {"tests": "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(41) == 42\n",
            "entry_point": "add_one"}
@@ -187,3 +187,85 @@ def code_grader() -> CodeGrader:
 def test_exiting_early_or_rigging_equality_fails(code_grader, name, solution):
     res = code_grader.grade(ADD_ONE, f"```python\n{solution}```")
     assert res.correct is False and res.error is None, (name, res)
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_18_a_hedged_choice_is_not_credited():
+    from conductor.grading import get_grader
+
+    g = get_grader("mcq")
+    assert not g.grade({"gold": "B", "choices": ["w", "x", "y", "z"]}, "<answer>A or B</answer>").correct
+    assert not g.grade({"gold": "B", "choices": ["w", "x", "y", "z"]}, "<answer>B/C</answer>").correct
+    assert g.grade({"gold": "B", "choices": ["w", "x", "y", "z"]}, "<answer>B</answer>").correct
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.add(c)
+            todo.append(c)
+    return out
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    alive.add(p)
+        except OSError:
+            pass
+    return alive
+
+
+def test_9_19_grade_is_bounded_interruptible_and_leaves_no_sandbox_behind(tmp_path):
+    one_error(run("grade", "--timeout", "1e9", "-"), "--timeout")
+    spin = tmp_path / "spin.jsonl"
+    spin.write_text(json.dumps({"kind": "code", "response": "```python\nwhile True:\n    pass\n```",
+                                "tests": "assert True"}) + "\n")
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    for sig, code, needle in ((signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated"),
+                              (signal.SIGKILL, -9, None)):
+        p = subprocess.Popen([sys.executable, "-m", "conductor", "grade", str(spin), "--timeout", "300"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(_descendants(p.pid)) < 2:   # the sandboxed program runs
+            time.sleep(0.2)
+        time.sleep(0.5)
+        spawned = _descendants(p.pid)
+        assert spawned, "the sandbox never started"
+        start = time.monotonic()
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=30)
+        assert time.monotonic() - start < 10          # not the sandbox's 300 s
+        assert p.returncode == code, (sig, p.returncode, err)
+        if needle:
+            assert err.strip().splitlines() == [f"error: {err.strip().removeprefix('error: ')}"] and needle in err
+        deadline = time.monotonic() + 10
+        while _alive(spawned) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(spawned), f"left behind after {sig.name}"
+
+
+def test_16_extraction_and_a_huge_gold_on_the_simulated_pool():
+    from conductor.extract.answer import extract
+    from conductor.workers.providers.simulated import GoldRecord, wrong_answer
+
+    assert extract("Final answer: 12" + " " * 160_000 + "x") == "12"
+    for seed in range(5):
+        w = wrong_answer(GoldRecord("9" * 5000, "math"), random.Random(seed))
+        assert w != "9" * 5000 and len(w) == 5000
+    assert wrong_answer(GoldRecord("1e999", "math"), random.Random(0)).startswith("1e999")
