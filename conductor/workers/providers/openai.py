@@ -28,6 +28,24 @@ from conductor.workers.startup import StartError, start_before_request
 _NO_KEY = "no-key-needed"
 
 
+def aiohttp_client() -> Any:
+    """The SDK's own ``DefaultAioHttpClient`` (aiohttp under its HTTP layer; ``openai[aiohttp]``), or None for the
+    SDK's default httpx transport when aiohttp is not installed.
+
+    WHY: a call through it costs about 0.33 ms less CPU and 1 ms less wall time on loopback than through httpx's
+    own transport (0.83 against 1.17 ms of client CPU per call, the SDK's ``post`` to the provider emulator, 1,500
+    calls each, docs/serving.md "Overhead"); every remote worker call of a served request or a batch run pays it.
+    The SDK keeps its base URL, key, timeout, error statuses and error types (the transport maps aiohttp's
+    errors to the HTTP layer's, which the SDK turns into its own).
+    """
+    import openai
+
+    try:
+        return openai.DefaultAioHttpClient()
+    except RuntimeError:      # the SDK installed without its aiohttp extra
+        return None
+
+
 class OpenAIChat:
     def __init__(self, worker: Worker):
         import openai
@@ -39,7 +57,7 @@ class OpenAIChat:
         env = worker.api_key_env or ("OPENAI_API_KEY" if self.official else None)
         key = get_key(env, worker.name) if env else _NO_KEY
         self.client = openai.AsyncOpenAI(api_key=key, base_url=worker.base_url, max_retries=0,
-                                         timeout=worker.limits.timeout_s)
+                                         timeout=worker.limits.timeout_s, http_client=aiohttp_client())
         self.closing = LoopBoundClose(self.client.close)
         self.params = self._params()
         extra = self.params.get("extra_body") or {}
