@@ -12,12 +12,15 @@ any-correct oracle over the entries and the cross-fit router that picks an entry
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from conductor.cli import app, fail
 from conductor.run.config import DEFAULT_POOL
+
+if TYPE_CHECKING:
+    from conductor.stats.headroom import OutcomeMatrix, PolicyOutcome
 
 _LAKE_COLUMNS = ("question_id", "dataset", "domain", "question", "sample_index", "correct", "infra_failed",
                  "cost_usd", "subpool")
@@ -83,7 +86,7 @@ def option_runs(labelled: list[tuple[str, str]], options: list[str]) -> tuple[li
     return [(o, first[o]) for o in options if o in first], notes
 
 
-def options_matrix(lake: str, labelled: list[tuple[str, str]], options: list[str]):  # -> OutcomeMatrix
+def options_matrix(lake: str, labelled: list[tuple[str, str]], options: list[str]) -> OutcomeMatrix:
     """The outcome matrix of the lake's runs of ``options`` (strategies as the options, named by their spec)."""
     from conductor.stats.headroom import OutcomeMatrix
 
@@ -103,7 +106,7 @@ def options_matrix(lake: str, labelled: list[tuple[str, str]], options: list[str
                          matrix.domains, (*notes, *matrix.notes))
 
 
-def matrix_from_lake(lake: str, labelled: list[tuple[str, str]]):  # -> OutcomeMatrix
+def matrix_from_lake(lake: str, labelled: list[tuple[str, str]]) -> OutcomeMatrix:
     """The outcome matrix of the lake's single-worker runs; workers are named from the runs' pool order."""
     from conductor.stats.headroom import OutcomeMatrix
 
@@ -129,7 +132,7 @@ def matrix_from_lake(lake: str, labelled: list[tuple[str, str]]):  # -> OutcomeM
                          matrix.domains, (*notes, *matrix.notes))
 
 
-def policy_from_lake(lake: str, labelled: list[tuple[str, str]], policy: str):  # -> PolicyOutcome
+def policy_from_lake(lake: str, labelled: list[tuple[str, str]], policy: str) -> PolicyOutcome:
     """The run named by ``policy`` (a label such as ``conductor``, or a run id) as a policy point."""
     from conductor.stats.headroom import PolicyOutcome
 
