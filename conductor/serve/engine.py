@@ -409,6 +409,8 @@ class ServeEngine:
         WHY two parts: what depends only on the model and the controls (the sub-pool, the strategy check, the
         few-shot text, the grammar switch) is worked out once per shape and kept on the model; each request
         only fills in its own sampling, budget and date."""
+        from conductor.execution.executor import Budget
+
         c = req.controls
         max_steps = min(self.config.max_steps, c.max_steps or self.config.max_steps)
         key = (None if c.workers is None else tuple(c.workers), tuple(c.exclude_workers), max_steps)
@@ -418,15 +420,14 @@ class ServeEngine:
             if len(model.specs) >= SPEC_CACHE_MAX:
                 model.specs.clear()
             model.specs[key] = base
-        caps = [cap for cap in (self.config.max_cost, c.max_cost) if cap is not None]
+        caps = [cap for cap in (self.config.max_dollars, c.max_cost) if cap is not None]
         date = time.strftime("%Y-%m-%d", time.gmtime())
         return replace(base, run_id=self.config.run_id or f"served-{date}", samples=req.n, seed=req.seed or 0,
                        temperature=self.config.temperature if req.temperature is None else float(req.temperature),
-                       max_dollars_per_question=min(caps) if caps else None, date=date)
+                       budget=Budget(max_dollars=min(caps) if caps else None), date=date)
 
     def _base_spec(self, model: Model, workers: list[str] | None, exclude: list[str], max_steps: int) -> RunSpec:
         from conductor.policy.strategies import StrategyError, check_strategy, strategy_pool
-        from conductor.prompts import resolve_fewshot
         from conductor.run.pipeline import RunSpec
 
         cfg = self.config
@@ -449,7 +450,7 @@ class ServeEngine:
                                    f"and {max_steps} steps)", "conductor")
         return RunSpec(run_id="", kind="served", pool=pool, checkpoint_id=model.checkpoint_id,
                        recursion_depth=cfg.recursion_depth, max_steps=max_steps,
-                       fewshot=resolve_fewshot(cfg.fewshot, model.checkpoint_id),
+                       fewshot=cfg.fewshot.resolved(model.checkpoint_id),
                        constrained=(is_embedded_checkpoint(model.checkpoint_id) if cfg.constrained is None
                                     else cfg.constrained),
                        max_tokens=cfg.conductor_max_tokens)
@@ -491,7 +492,7 @@ class ServeEngine:
                     raise upstream(f"the conductor ({model.checkpoint_id}) failed to write a workflow") from None
                 conductor = (conductor_fn_from_backend(model.policy, replace(spec.generation_params(), seed=None))
                              if spec.recursion_depth > 0 and not model.strategy else None)
-                cap = spec.max_dollars_per_question      # the request's: split evenly among its n choices
+                cap = spec.budget.max_dollars      # the request's: split evenly among its n choices
                 budget = Budget(max_dollars=None if cap is None else cap / max(1, len(trajs)))
                 if self.executor is None:
                     raise RuntimeError("ServeEngine: start() has not run")
