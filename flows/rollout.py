@@ -71,7 +71,7 @@ def rollout_flow(config: RolloutConfig) -> RunSummary:
     return summary
 
 
-def fan_out_shards(todo: Shards, spec: RunSpec, lake: str, conductor: ConductorSpec | str, cache: str | None,
+def fan_out_shards(todo: Shards, spec: RunSpec, lake: str, conductor: ConductorSpec, cache: str | None,
                    limits: LimitsSpec | str | None) -> int:
     """Each shard as one self-contained task on the flow's Dask/Ray task runner (tasks/shard.py: the same shard
     loop, on the worker's own runtime); returns trajectories written."""

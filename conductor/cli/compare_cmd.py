@@ -36,13 +36,12 @@ def _slug(label: str) -> str:
 
 def _labelled(runs: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """Label runs by their strategy; the first run of a model conductor is "conductor"; repeats get #2, #3."""
-    from conductor.policy.strategies import is_strategy
     from conductor.run.compare import CONDUCTOR
 
     out: list[tuple[str, str]] = []
     seen: dict[str, int] = {}
     for checkpoint, run_id in runs:
-        label = checkpoint if is_strategy(checkpoint) else (CONDUCTOR if CONDUCTOR not in seen else checkpoint)
+        label = checkpoint if is_strategy_text(checkpoint) else (CONDUCTOR if CONDUCTOR not in seen else checkpoint)
         seen[label] = seen.get(label, 0) + 1
         out.append((label if seen[label] == 1 else f"{label}#{seen[label]}", run_id))
     return out

@@ -15,7 +15,7 @@ from conductor.policy.spec import ConductorSpec
 from conductor.run.config import EvaluateConfig, NightlyConfig, RolloutConfig
 
 
-def _check(pool: Path, conductors: dict[str, ConductorSpec | str] | None = None, run_id: str | None = None,
+def _check(pool: Path, conductors: dict[str, ConductorSpec] | None = None, run_id: str | None = None,
            k: int | None = None, questions: str | None = None, limit: int | None = None) -> None:
     """The checks `conductor answer` makes, before Prefect starts: one `error:` line, exit 2."""
     from conductor.run.preflight import UsageError, check_conductor, check_k, check_pool, check_questions, check_run_id

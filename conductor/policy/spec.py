@@ -424,6 +424,8 @@ StrategySpec = (FixedSpec | SelfConsistencySpec | MixtureSpec | VoteSpec | Rando
                 | CascadeSpec)
 ConductorSpec = Annotated[AutoSpec | ChampionSpec | BackendSpec | StrategySpec, Field(discriminator="kind")]
 BACKEND_SPECS = (EmbeddedSpec, LlamaCppSpec, TransformersSpec, VllmSpec, OpenAISpec)
+STRATEGY_SPECS = (FixedSpec, SelfConsistencySpec, MixtureSpec, VoteSpec, RandomSpec, ProgramSpec, ChainSpec,
+                  CascadeSpec)
 
 
 def head_of(text: str) -> str:

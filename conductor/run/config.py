@@ -396,7 +396,7 @@ class EvaluateConfig(RunConfig):
 
     _paths = field_validator("pool", "lake", "out", mode="before")(classmethod(lambda cls, v: expand_path(v)))
 
-    def rollout(self, spec: ConductorSpec | str, checkpoint_id: str, run_id: str, pool: str, k: int | None) -> RolloutConfig:
+    def rollout(self, spec: ConductorSpec, checkpoint_id: str, run_id: str, pool: str, k: int | None) -> RolloutConfig:
         """The evaluation run of one policy on one pool (``kind: eval``)."""
         return RolloutConfig(questions=self.questions, lake=self.lake, pool=pool, conductor=spec, run_id=run_id,
                              group_size=self.samples, k=k, seed=self.seed, temperature=self.temperature,

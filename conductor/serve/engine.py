@@ -53,7 +53,7 @@ class Model:
     """One loaded conductor: its policy, the pool it runs over, and how many requests use it right now."""
 
     checkpoint_id: str
-    spec: ConductorSpec | str
+    spec: ConductorSpec
     policy: PolicyBackend
     pool: Pool
     strategy: bool                     # writes workflows without a model: generated inline, no batching
@@ -191,11 +191,14 @@ def _settings_key(spec: RunSpec) -> tuple[Hashable, ...]:
             spec.max_steps, spec.constrained, spec.fewshot)
 
 
-def policy_spec_of(entry: CheckpointEntry) -> str:
+def policy_spec_of(entry: CheckpointEntry) -> ConductorSpec:
     """The policy spec a registry checkpoint is served with: its lineage's ``policy_spec`` when it names one
-    (a strategy, an endpoint, a GGUF file), else the trained checkpoint directory through transformers."""
+    (a strategy, an endpoint, a GGUF file; parsed here, where it is read), else the trained checkpoint directory
+    through transformers."""
+    from conductor.policy.spec import TransformersSpec, parse_conductor_spec
+
     spec = (entry.lineage or {}).get("policy_spec") if hasattr(entry, "lineage") else None
-    return spec if isinstance(spec, str) and spec else f"transformers:{entry.uri}"
+    return parse_conductor_spec(spec) if isinstance(spec, str) and spec else TransformersSpec(path=entry.uri)
 
 
 class ServeEngine:
@@ -222,14 +225,14 @@ class ServeEngine:
     # ------------------------------------------------------------------ life cycle
     def start(self) -> None:
         """Load the pool, start what it needs (embedded servers), the default conductor and the executor."""
-        from conductor.policy.spec import AutoSpec
+        from conductor.policy.spec import AutoSpec, EmbeddedSpec
         from conductor.run.runtime import registry_uri, serving
         from conductor.workers.pool import load_pool
 
         cfg = self.config
         manifest = load_pool(cfg.pool)
         self.registry_uri = cfg.registry or registry_uri()
-        default_spec = "embedded" if isinstance(cfg.conductor, AutoSpec) else cfg.conductor
+        default_spec = EmbeddedSpec() if isinstance(cfg.conductor, AutoSpec) else cfg.conductor
         stack = contextlib.ExitStack()
         try:
             self.live = live = stack.enter_context(serving(manifest, conductor=default_spec))
@@ -275,7 +278,7 @@ class ServeEngine:
             self._stack = None
 
     # ------------------------------------------------------------------ models
-    def _model(self, policy: PolicyBackend, checkpoint_id: str, spec: ConductorSpec | str) -> Model:
+    def _model(self, policy: PolicyBackend, checkpoint_id: str, spec: ConductorSpec) -> Model:
         from conductor.policy.strategies import is_strategy, strategy_pool
 
         strategy = is_strategy(spec)
@@ -291,10 +294,11 @@ class ServeEngine:
     def _champion_entry(self) -> tuple[bool, CheckpointEntry | None]:
         """(readable, the registry's champion or None). An unreadable registry is not "no champion": the
         caller keeps what it serves, and ``registry_error`` says why until a read succeeds (``/health``)."""
+        from conductor.policy.spec import ChampionSpec
         from conductor.run.runtime import _champion
 
         try:
-            entry = _champion(f"champion@{self.registry_uri}")[1]
+            entry = _champion(ChampionSpec(registry=self.registry_uri))[1]
         except Exception as e:  # noqa: BLE001 - an unreadable registry keeps the current model serving
             self.registry_error = redact(f"{type(e).__name__}: {e}")
             log.warning("registry %s: cannot read the champion, still serving %s: %s", self.registry_uri,
