@@ -128,5 +128,5 @@ def nightly_cmd(
     except (DatasetError, ValueError, OSError) as e:
         fail(str(e).splitlines()[0])
     with flow_errors():
-        res = nightly_flow(cfg)
+        res = nightly_flow(cfg).to_json()
     typer.echo(json.dumps({k: res.get(k) for k in ("night", "status", "why", "stopped", "decision", "report")}, indent=2, default=str))
