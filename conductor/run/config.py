@@ -14,9 +14,10 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Required, TypeVar
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from typing_extensions import TypedDict
 
 from conductor.execution.executor import Budget
 from conductor.execution.shared_limits import LimitsField
@@ -31,6 +32,16 @@ if TYPE_CHECKING:
 DEFAULT_POOL = str(data_path("pools", "local.yaml"))
 
 C = TypeVar("C", bound="RunConfig")
+
+
+class MLflowTracking(TypedDict, total=False):
+    """Where a training step logs its metrics: ``uri``, ``experiment``, and ``run_id`` (continue a run) or
+    ``run_name`` (start one)."""
+
+    uri: Required[str]
+    experiment: str
+    run_id: str | None
+    run_name: str
 
 CONDUCTOR_MAX_TOKENS = 768     # the conductor's completion limit when answering (rollouts: the paper's 1024)
 MaxSteps = Annotated[int, Field(ge=1)]     # default conductor.workflow.DEFAULT_MAX_STEPS (the paper: 5)
@@ -419,7 +430,7 @@ class TrainConfig(RunConfig):
                                        "(default: one per visible GPU under fsdp, else 1).")
     reference: str | None = Field(None, description="The policy KL is measured against or penalised to "
                                   "(default: base).")
-    tracking: dict[str, Any] | None = Field(None, description="MLflow settings: uri, experiment, and run_id or "
+    tracking: MLflowTracking | None = Field(None, description="MLflow settings: uri, experiment, and run_id or "
                                             "run_name.")
     step: int | None = Field(None, ge=0, description="The MLflow step the metrics are logged at (default: the "
                              "checkpoint's iteration).")

@@ -20,7 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from conductor.run.config import EvaluateConfig, NightlyConfig, RolloutConfig, TrainConfig, eval_run_id
+from conductor.run.config import (
+    EvaluateConfig,
+    MLflowTracking,
+    NightlyConfig,
+    RolloutConfig,
+    TrainConfig,
+    eval_run_id,
+)
 from conductor.run.nightly_report import Point
 
 if TYPE_CHECKING:
@@ -233,7 +240,7 @@ def budget_stop(config: NightlyConfig, night: Night) -> str | None:
                        config.max_hours)
 
 
-def tracking_settings(config: NightlyConfig, night: Night, warn: Callable[[str], None]) -> dict[str, Any] | None:
+def tracking_settings(config: NightlyConfig, night: Night, warn: Callable[[str], None]) -> MLflowTracking | None:
     """MLflow settings for this night's run (one run per night; a rerun continues it), or None."""
     import importlib.util
 
@@ -248,7 +255,7 @@ def tracking_settings(config: NightlyConfig, night: Night, warn: Callable[[str],
         return None
     saved = night.reports / "mlflow.json"
     uri = config.tracking_uri or default_tracking_uri(night.work)
-    tracking: dict[str, Any] = {"uri": uri, "experiment": "conductor-nightly", "run_name": f"nightly-{night.tag}"}
+    tracking: MLflowTracking = {"uri": uri, "experiment": "conductor-nightly", "run_name": f"nightly-{night.tag}"}
     if saved.is_file():
         prev = json.loads(saved.read_text())
         if prev.get("tracking_uri") == uri:
@@ -351,7 +358,7 @@ class NightLoop:
                                    lineage=checkpoint_lineage(read_lineage(trained.uri), self.manifest, self.night))
 
 
-def continue_tracking(tracking: dict[str, Any] | None, trained: TrainResult, night: Night) -> None:
+def continue_tracking(tracking: MLflowTracking | None, trained: TrainResult, night: Night) -> None:
     """The next iteration logs into the same MLflow run; a rerun of the night finds it in mlflow.json."""
     if tracking is None or not trained.mlflow_run_id:
         return
@@ -362,7 +369,7 @@ def continue_tracking(tracking: dict[str, Any] | None, trained: TrainResult, nig
                       json.dumps({"tracking_uri": tracking["uri"], "run_id": tracking["run_id"]}, indent=1))
 
 
-def plot_training_curves(history: list[dict[str, Any]], night: Night, tracking: dict[str, Any] | None) -> None:
+def plot_training_curves(history: list[dict[str, Any]], night: Night, tracking: MLflowTracking | None) -> None:
     if not history:
         return
     from conductor.learning.grpo.tracking import MetricsTracker, plot_curves
