@@ -19,6 +19,7 @@ def _check(pool: Path, conductors: dict[str, ConductorSpec] | None = None, run_i
            k: int | None = None, questions: str | None = None, limit: int | None = None) -> None:
     """The checks `conductor answer` makes, before Prefect starts: one `error:` line, exit 2."""
     from conductor.run.preflight import UsageError, check_conductor, check_k, check_pool, check_questions, check_run_id
+    from conductor.workflow import DEFAULT_MAX_STEPS
 
     try:
         if run_id is not None:
@@ -28,7 +29,7 @@ def _check(pool: Path, conductors: dict[str, ConductorSpec] | None = None, run_i
         manifest = check_pool(pool)
         for flag, spec in (conductors or {}).items():
             check_k(k, manifest, spec)
-            check_conductor(spec, manifest, max_steps=5, flag=flag)
+            check_conductor(spec, manifest, max_steps=DEFAULT_MAX_STEPS, flag=flag)
     except UsageError as e:
         fail(str(e))
 
