@@ -70,14 +70,16 @@ def direct(pool_path: Path, items: list[tuple[str, str]], strategy: str, clients
     from conductor.execution.executor import Budget, Executor
     from conductor.execution.ratelimit import RateLimiter
     from conductor.execution.recursion import execute_batch
+    from conductor.policy.spec import parse_conductor_spec
     from conductor.policy.strategies import make_strategy, strategy_pool
     from conductor.run.pipeline import RunSpec, generate, plan
     from conductor.workers.pool import load_pool
 
-    pool = strategy_pool(strategy, load_pool(pool_path))
+    typed = parse_conductor_spec(strategy)
+    pool = strategy_pool(typed, load_pool(pool_path))
     spec = RunSpec(run_id="bench-direct", kind="served", pool=pool, checkpoint_id=strategy, temperature=0.0)
     qs = [Question(id=f"served/bench-{i}", dataset="served", domain="free", prompt=q) for i, (q, _) in enumerate(items)]
-    policy = make_strategy(strategy, pool)
+    policy = make_strategy(typed, pool)
     trajs = plan(qs, spec)
     generate(trajs, policy, spec)
     ex = Executor(limiter=RateLimiter())

@@ -266,6 +266,7 @@ def measure_all(a: argparse.Namespace, questions: Sequence[Question], state: dic
                 state_path: Path) -> dict[str, dict[str, Outcome]]:
     """Every menu entry, the default, the hybrid cascade, GPT-4 and Mixtral alone, replayed (resumable per key)."""
     from conductor.policy.menu import WorkflowMenu
+    from conductor.policy.spec import parse_conductor_spec
     from conductor.policy.strategies import make_strategy, strategy_pool
     from conductor.workers.pool import load_pool
 
@@ -277,8 +278,9 @@ def measure_all(a: argparse.Namespace, questions: Sequence[Question], state: dic
                                    for e in menu.entries]
     gsm = [q for q in questions if q.domain == "math"]
     for spec in (HYBRID_CASCADE, GPT4, MIXTRAL):
-        pool = strategy_pool(spec, hybrid)
-        wf = make_strategy(spec, pool).workflow
+        typed = parse_conductor_spec(spec)
+        pool = strategy_pool(typed, hybrid)
+        wf = make_strategy(typed, pool).workflow
         todo.append((spec, lambda qs, spec=spec, pool=pool, wf=wf: replay_strategy(spec, wf, pool, gsm, cache)))
     per_second = hybrid.workers[0].price.per_second
     fresh = state.get("n_questions") != len(questions) or state.get("n_recorded") != a.recorded_now

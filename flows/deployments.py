@@ -19,11 +19,15 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import yaml
+from pydantic import JsonValue
+
+from conductor.run.config import RunConfig
 
 if TYPE_CHECKING:
+    from prefect import Flow
     from prefect.deployments.runner import RunnerDeployment
 
 NIGHTLY = "nightly-retraining"
@@ -65,13 +69,13 @@ class DeploymentSpec:
     name: str
     entrypoint: str                         # "flows/<file>.py:<flow function>" (prefect.yaml form)
     description: str
-    parameters: dict[str, Any] = field(default_factory=dict)
+    parameters: dict[str, JsonValue] = field(default_factory=dict)
     cron: str | None = None
     interval_s: float | None = None         # instead of cron (tests, or "every N seconds" jobs)
     timezone: str = "UTC"
     tags: tuple[str, ...] = ()
     work_pool: str = "conductor-cpu"
-    job_variables: dict[str, Any] = field(default_factory=dict)
+    job_variables: dict[str, JsonValue] = field(default_factory=dict)
 
     @property
     def module(self) -> str:
@@ -101,7 +105,7 @@ def settings(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return {key: (env.get(var) or default.replace("{home}", home)) for key, (var, default) in SETTINGS.items()}
 
 
-def _mapping(text: str, what: str) -> dict[str, Any]:
+def _mapping(text: str, what: str) -> dict[str, JsonValue]:
     try:
         value = yaml.safe_load(text) if text.strip() else {}
     except yaml.YAMLError as e:
@@ -191,7 +195,7 @@ def apply_overrides(specs: Sequence[DeploymentSpec], *, only: Sequence[str] = ()
     return [by_name[s.name] for s in specs if not only or s.name in only]
 
 
-def load_flow(spec: DeploymentSpec) -> Any:
+def load_flow(spec: DeploymentSpec) -> Flow[..., object]:
     """Import the flow object behind a spec; a one-line error when its module is missing."""
     try:
         module = importlib.import_module(spec.module)
@@ -205,13 +209,11 @@ def load_flow(spec: DeploymentSpec) -> Any:
     return obj
 
 
-def config_model(flow_obj: Any) -> Any:
+def config_model(flow_obj: Flow[..., object]) -> type[RunConfig] | None:
     """The run configuration class a flow takes as its one ``config`` parameter (conductor/run/config.py), or
     None for a flow with plain parameters. A deployment's parameters stay flat either way: they are the
     configuration's fields, validated here and passed as ``config``."""
     import typing
-
-    from conductor.run.config import RunConfig
 
     sig = inspect.signature(flow_obj.fn)
     if list(sig.parameters) != ["config"]:
@@ -220,17 +222,21 @@ def config_model(flow_obj: Any) -> Any:
     return hint if isinstance(hint, type) and issubclass(hint, RunConfig) else None
 
 
-def flow_parameters(spec: DeploymentSpec) -> dict[str, Any]:
+def flow_parameters(spec: DeploymentSpec) -> dict[str, JsonValue]:
     """The parameters as the flow takes them: nested under ``config`` for a flow that takes a run configuration."""
     return {"config": dict(spec.parameters)} if config_model(load_flow(spec)) is not None else dict(spec.parameters)
 
 
-def check_parameters(spec: DeploymentSpec, flow_obj: Any) -> None:
+def check_parameters(spec: DeploymentSpec, flow_obj: Flow[..., object]) -> None:
     """Fail early, naming the parameter, instead of at the first scheduled run in the night."""
     model = config_model(flow_obj)
     if model is not None:
         from conductor.run.config import ConfigError
 
+        unknown = [k for k in spec.parameters if k not in model.model_fields]
+        if unknown:
+            raise DeploymentConfigError(f"deployment {spec.name}: {spec.entrypoint} has no parameter {unknown[0]!r} "
+                                        f"(it takes: {', '.join(model.model_fields)})")
         flags = {name: f"parameter {name!r}" for name in spec.parameters}
         try:
             model.build(given=spec.parameters, flags=flags)
@@ -254,22 +260,25 @@ def check_parameters(spec: DeploymentSpec, flow_obj: Any) -> None:
 
 def to_runner_deployment(spec: DeploymentSpec) -> RunnerDeployment:
     """A RunnerDeployment that ``prefect.serve`` can run (module entrypoint: independent of the working directory)."""
-    from prefect.deployments.runner import EntrypointType
+    from prefect.deployments.runner import EntrypointType, RunnerDeployment
 
     flow_obj = load_flow(spec)
     check_parameters(spec, flow_obj)
-    schedule: dict[str, Any] = {}
-    if spec.interval_s is not None:
-        schedule["interval"] = spec.interval_s
-    elif spec.cron:
+    schedules = None
+    if spec.interval_s is None and spec.cron:
         from prefect.schedules import Cron
 
-        schedule["schedules"] = [Cron(spec.cron, timezone=spec.timezone)]
+        schedules = [Cron(spec.cron, timezone=spec.timezone)]
     try:
-        return flow_obj.to_deployment(name=spec.name, description=spec.description, parameters=flow_parameters(spec),
-                                      tags=list(spec.tags), entrypoint_type=EntrypointType.MODULE_PATH, **schedule)
+        deployment = flow_obj.to_deployment(name=spec.name, description=spec.description,
+                                            parameters=flow_parameters(spec), tags=list(spec.tags),
+                                            entrypoint_type=EntrypointType.MODULE_PATH, interval=spec.interval_s,
+                                            schedules=schedules)
     except ValueError as e:
         raise DeploymentConfigError(f"deployment {spec.name}: {str(e).splitlines()[0]}") from None
+    if not isinstance(deployment, RunnerDeployment):   # to_deployment is awaitable only when called from async code
+        raise TypeError("to_runner_deployment: call it from synchronous code")
+    return deployment
 
 
 def runner_deployments(specs: Sequence[DeploymentSpec]) -> list[RunnerDeployment]:
@@ -298,7 +307,7 @@ def prefect_yaml(specs: Sequence[DeploymentSpec]) -> str:
     """The ``prefect.yaml`` for ``prefect deploy`` with the same deployments as ``python -m flows.deploy``."""
     deployments = []
     for s in specs:
-        sched: dict[str, Any] = ({"interval": s.interval_s} if s.interval_s is not None
+        sched: dict[str, JsonValue] = ({"interval": s.interval_s} if s.interval_s is not None
                                  else {"cron": s.cron, "timezone": s.timezone})
         deployments.append({
             "name": s.name, "entrypoint": s.entrypoint, "description": s.description, "tags": list(s.tags),
@@ -316,7 +325,7 @@ def prefect_yaml(specs: Sequence[DeploymentSpec]) -> str:
     return PREFECT_YAML_HEADER + yaml.safe_dump(doc, sort_keys=False, width=110)
 
 
-def describe(specs: Sequence[DeploymentSpec]) -> list[dict[str, Any]]:
+def describe(specs: Sequence[DeploymentSpec]) -> list[dict[str, JsonValue]]:
     """One JSON-able row per deployment (``conductor deploy list``)."""
     return [{"name": s.name, "entrypoint": s.entrypoint,
              "schedule": (f"every {s.interval_s:g}s" if s.interval_s is not None else f"cron {s.cron} ({s.timezone})"),

@@ -7,8 +7,9 @@ as JSON next to them.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 @task(name="compare-candidate-champion", cache_policy=NONE)
 def compare_runs(lake: str, candidate_run: str, champion_run: str, candidate_id: str, champion_id: str,
-                 metric: str = "correct", seed: int = 0, objective: dict[str, Any] | None = None) -> EvalReport:
+                 metric: str = "correct", seed: int = 0, objective: Mapping[str, float | None] | None = None) -> EvalReport:
     """The paired comparison; with an active cost ``objective`` (``CostObjective`` fields) both runs are compared
     on it (the reward column recomputed from reward, correct and cost_usd), not on accuracy."""
     from conductor.grading.objective import CostObjective, with_objective

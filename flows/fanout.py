@@ -8,7 +8,13 @@ runtime from plain specs and the lake is the only shared state (docs/deployments
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
+
+if TYPE_CHECKING:
+    from prefect import Flow
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def runs_remotely() -> bool:
@@ -19,19 +25,22 @@ def runs_remotely() -> bool:
     return ctx is not None and type(ctx.task_runner).__name__ in ("DaskTaskRunner", "RayTaskRunner")
 
 
-def on_dask(flow_fn: Any, address: str | None = None, n_workers: int = 2) -> Any:
+def on_dask(flow_fn: Flow[P, R], address: str | None = None, n_workers: int = 2) -> Flow[P, R]:
     """The same flow with its shards on a Dask cluster: an existing one (``address``) or a local one."""
     from prefect_dask import DaskTaskRunner
 
     runner = (DaskTaskRunner(address=address) if address else
               DaskTaskRunner(cluster_kwargs={"n_workers": n_workers, "threads_per_worker": 1, "processes": True}))
-    return flow_fn.with_options(task_runner=runner)
+    # prefect types task_runner as TaskRunner[PrefectFuture[...]], which DaskTaskRunner's own future type does not
+    # match (the parameter is invariant); it is the runner prefect-dask documents for with_options.
+    return flow_fn.with_options(task_runner=runner)  # type: ignore[arg-type]
 
 
-def on_cluster(flow_fn: Any, where: str) -> Any:
+def on_cluster(flow_fn: Flow[P, R], where: str) -> Flow[P, R]:
     """``on_dask`` for a ``--dask`` value (checked first: conductor/cli/dask_option.py): ``local:N`` or an address.
 
-    >>> on_cluster(lambda: None, "local:0")
+    >>> from prefect import flow
+    >>> on_cluster(flow(lambda: None), "local:0")
     Traceback (most recent call last):
     ValueError: local:0: a local cluster needs at least one worker
     """

@@ -8,7 +8,7 @@ Dask cluster (prefect-dask): ``on_dask(rollout_flow, address)(...)``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from prefect import flow, get_run_logger
 
@@ -24,6 +24,8 @@ __all__ = ["fan_out_shards", "on_dask", "rollout_flow", "window"]
 if TYPE_CHECKING:
     from conductor.execution.shared_limits import LimitsSpec
     from conductor.policy.spec import ConductorSpec
+
+Q = TypeVar("Q")
 
 
 @flow(name="conductor-rollout", persist_result=False)
@@ -71,7 +73,7 @@ def rollout_flow(config: RolloutConfig) -> RunSummary:
     return summary
 
 
-def fan_out_shards(todo: Shards, spec: RunSpec, lake: str, conductor: ConductorSpec | str, cache: str | None,
+def fan_out_shards(todo: Shards, spec: RunSpec, lake: str, conductor: ConductorSpec, cache: str | None,
                    limits: LimitsSpec | str | None) -> int:
     """Each shard as one self-contained task on the flow's Dask/Ray task runner (tasks/shard.py: the same shard
     loop, on the worker's own runtime); returns trajectories written."""
@@ -81,7 +83,7 @@ def fan_out_shards(todo: Shards, spec: RunSpec, lake: str, conductor: ConductorS
     return sum(f.result() for f in futures)
 
 
-def window(qs: list[Any], offset: int, limit: int | None) -> list[Any]:
+def window(qs: list[Q], offset: int, limit: int | None) -> list[Q]:
     """``limit`` questions from ``offset`` on, wrapping around (iteration i of a training mix); all without either.
 
     >>> window([1, 2, 3], 2, 2)

@@ -8,15 +8,15 @@ processes, one per GPU, over the ``train-step`` CLI (``conductor.learning.grpo.l
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 
 from conductor.learning.results import TrainResult
-from conductor.run.config import TrainConfig
+from conductor.run.config import MLflowTracking, TrainConfig
 
 
 @task(name="grpo-step", cache_policy=NONE, timeout_seconds=None)
@@ -47,7 +47,8 @@ def grpo_step_task(c: TrainConfig, nproc_per_node: int = 1) -> TrainResult:
     return TrainResult(str(path), checkpoint_id, metrics)
 
 
-def log_metrics(tracking: dict[str, Any], metrics: dict[str, Any], step: int, params: dict[str, Any] | None = None) -> str:
+def log_metrics(tracking: MLflowTracking, metrics: Mapping[str, float | str], step: int,
+                params: Mapping[str, object] | None = None) -> str:
     """Log one iteration's metrics to MLflow (``tracking``: ``uri``, ``experiment``, and ``run_id`` or
     ``run_name``); returns the run id so the next iteration continues the same run."""
     from conductor.learning.grpo.tracking import DEFAULT_EXPERIMENT, MetricsTracker

@@ -7,8 +7,8 @@ what makes reruns cheap is the lake (finished shards are skipped) and the respon
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
@@ -19,25 +19,33 @@ from conductor.trajectory import Trajectory
 from tasks.batch import execute_waves_task
 from tasks.lake import committed_task, write_shard_task
 
+if TYPE_CHECKING:
+    from conductor.data.questions import Question
+    from conductor.execution.executor import Executor
+    from conductor.grading.reward import RewardScheme
+    from conductor.policy.base import PolicyBackend
+
 
 @task(name="plan-shard", cache_policy=NONE)
-def plan_shard(questions: Sequence[Any], spec: pipeline.RunSpec, shard: str) -> list[Trajectory]:
+def plan_shard(questions: Sequence[Question], spec: pipeline.RunSpec, shard: str) -> list[Trajectory]:
     return pipeline.plan(questions, spec, shard)
 
 
 @task(name="generate-conductor", cache_policy=NONE)
-def generate_shard(trajectories: list[Trajectory], policy: Any, spec: pipeline.RunSpec) -> list[Trajectory]:
+def generate_shard(trajectories: list[Trajectory], policy: PolicyBackend, spec: pipeline.RunSpec) -> list[Trajectory]:
     return pipeline.generate(trajectories, policy, spec)
 
 
 @task(name="execute-workflows", cache_policy=NONE)
-def execute_shard(trajectories: list[Trajectory], spec: pipeline.RunSpec, executor: Any, policy: Any = None,
-                  on_done: Any = None) -> list[Trajectory]:
+def execute_shard(trajectories: list[Trajectory], spec: pipeline.RunSpec, executor: Executor,
+                  policy: PolicyBackend | None = None,
+                  on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
     return pipeline.execute(trajectories, spec, executor, policy, on_done)
 
 
 @task(name="grade-and-reward", cache_policy=NONE)
-def score_shard(trajectories: list[Trajectory], questions: Sequence[Any], scheme: Any = None) -> list[Trajectory]:
+def score_shard(trajectories: list[Trajectory], questions: Sequence[Question],
+                scheme: RewardScheme | None = None) -> list[Trajectory]:
     return pipeline.score(trajectories, questions, scheme)
 
 

@@ -4,7 +4,7 @@ task runner (threads, a Dask cluster, Ray) and builds or reuses its own runtime 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prefect import task
 from prefect.cache_policies import NONE
@@ -12,12 +12,13 @@ from prefect.cache_policies import NONE
 from conductor.run.pipeline import RunSpec
 
 if TYPE_CHECKING:
+    from conductor.data.questions import Question
     from conductor.execution.shared_limits import LimitsSpec
     from conductor.policy.spec import ConductorSpec
 
 
 @task(name="rollout-shard", cache_policy=NONE, retries=1, retry_delay_seconds=5)
-def run_shard_task(questions: Sequence[Any], spec: RunSpec, shard_id: str, lake: str, conductor: ConductorSpec | str,
+def run_shard_task(questions: Sequence[Question], spec: RunSpec, shard_id: str, lake: str, conductor: ConductorSpec,
                    cache_path: str | None = None, limits: LimitsSpec | str | None = None) -> int:
     """Run one shard end to end through the shard loop and commit it; a committed shard is skipped (idempotent
     reruns). Rollout and eval runs resume by shard, so a failing conductor raises (the task retries) rather than
@@ -39,7 +40,7 @@ def run_shard_task(questions: Sequence[Any], spec: RunSpec, shard_id: str, lake:
 
 
 @task(name="answer-shard", cache_policy=NONE, retries=1, retry_delay_seconds=5)
-def answer_shard_task(questions: Sequence[Any], spec: RunSpec, shard_id: str, lake: str, conductor: ConductorSpec | str,
+def answer_shard_task(questions: Sequence[Question], spec: RunSpec, shard_id: str, lake: str, conductor: ConductorSpec,
                       cache_path: str | None = None, replay: bool = False,
                       limits: LimitsSpec | str | None = None) -> int:
     """One shard of `conductor answer --dask` on the worker's own runtime, committed as in the in-process run: a

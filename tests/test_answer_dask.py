@@ -90,9 +90,9 @@ def test_a_shard_task_run_twice_commits_once(tmp_path: Path) -> None:
     [(sid, sq)] = pending_shards(inp.questions, spec, str(inp.config.lake), 3).todo
     assert all(isinstance(q, Question) for q in sq)
     run = answer_shard_task     # a task run of its own (Prefect's ephemeral API), as on a worker
-    assert run(sq, spec, sid, str(inp.config.lake), "fixed:0", inp.config.cache) == 3
+    assert run(sq, spec, sid, str(inp.config.lake), inp.config.conductor, inp.config.cache) == 3
     files = _files(tmp_path / "out")
-    assert run(sq, spec, sid, str(inp.config.lake), "fixed:0", inp.config.cache) == 0
+    assert run(sq, spec, sid, str(inp.config.lake), inp.config.conductor, inp.config.cache) == 0
     assert _files(tmp_path / "out") == files and len(files) == 1
 
 

@@ -35,7 +35,7 @@ def test_constrained_samples_always_parse(tmp_path):
     from conductor.local.embedded import installed
     from conductor.local.process import ServerSettings
     from conductor.local.servers import LlamaServer
-    from conductor.policy import make_policy
+    from conductor.policy import make_policy, parse_spec
     from conductor.prompts import conductor_prompt
     from conductor.workers.pool import load_pool
 
@@ -45,7 +45,7 @@ def test_constrained_samples_always_parse(tmp_path):
     sub = load_pool("data/pools/simulated.yaml").sample(3, seed=1)
     prompt = conductor_prompt("What is 17 * 3?", sub, fewshot="ood:1")
     with LlamaServer(path, alias="smol", settings=ServerSettings(n_ctx=4096), log_path=tmp_path / "s.log") as srv:
-        backend = make_policy(f"openai:smol@{srv.url}")
+        backend = make_policy(parse_spec(f"openai:smol@{srv.url}"))
         params = GenerationParams(temperature=1.0, max_tokens=160, seed=3, grammar=workflow_grammar(len(sub), 3))
         (samples,) = backend.generate([prompt], n=3, params=params)
         backend.close()

@@ -137,7 +137,7 @@ def test_nightly_with_a_format_trains_promotes_and_answer_uses_the_champion(tiny
         iterations=1, questions_per_iteration=2, group_size=3, eval_samples=1, max_tokens=400,
         fewshot="none", shard_size=2, baselines=False, conductor_format=fmt.to_json(),
         grpo={"learning_rate": 1e-3, "total_iterations": 1, "warmup_ratio": 0.0, "track_kl": True},
-        promotion={"alpha": 1.01, "min_improvement": -1.0, "max_domain_regression": 1.0}))
+        promotion={"alpha": 1.01, "min_improvement": -1.0, "max_domain_regression": 1.0})).to_json()
     assert res["status"] == "promoted", res
     rollouts = load_trajectories(str(work / "lake"), "nightly-f1-it0", kind="rollout")
     assert len(rollouts) == 6 and all(t.rounds[0].parse_status == "ok" for t in rollouts)

@@ -45,7 +45,7 @@ def test_one_iteration_rollout_train_evaluate_promote(tmp_path, smollm2):
               iterations=1, questions_per_iteration=2, group_size=4, eval_samples=1, max_tokens=64, fewshot="ood:1",
               shard_size=2)
     res = nightly_flow(NightlyConfig(**kw, baselines=True, grpo={"learning_rate": 1e-4, "total_iterations": 1,
-                                                                 "warmup_ratio": 0.0, "micro_batch_size": 2}))
+                                                                 "warmup_ratio": 0.0, "micro_batch_size": 2})).to_json()
     # the rollout ran and was stored; the step produced a finite loss
     (it,) = res["iterations"]
     assert it["trajectories"] == 8 and it["checkpoint_id"] == "nightly-t1-it0"
@@ -80,7 +80,7 @@ def test_one_iteration_rollout_train_evaluate_promote(tmp_path, smollm2):
     assert (Path(res["report"]).parent / "iterations.png").stat().st_size > 5_000
     assert (Path(res["report"]).parent / "accuracy_vs_dollars.png").stat().st_size > 5_000
     # rerunning the same night resumes: nothing is trained twice, no rollout rows are duplicated
-    again = nightly_flow(NightlyConfig(**kw, baselines=False, force=True))
+    again = nightly_flow(NightlyConfig(**kw, baselines=False, force=True)).to_json()
     rows = scan(str(work / "lake"), kind="rollout", run_id="nightly-t1-it0").collect()
     assert rows.height == 8 and again["iterations"][0]["checkpoint_id"] == "nightly-t1-it0"
 

@@ -13,7 +13,7 @@ from conductor.data.questions import Question
 from conductor.execution.executor import Executor
 from conductor.policy import menu as menu_module
 from conductor.policy.menu import MENU_PREFILL, MenuBackend, WorkflowMenu
-from conductor.policy.spec import StrategyError
+from conductor.policy.spec import StrategyError, parse_conductor_spec
 from conductor.workers.pool import load_pool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +32,7 @@ def test_menu_entries_are_the_strategies_workflows_over_the_pool_with_the_vote_t
     assert m.specs() == SPECS.split(",")
     assert [w.name for w in m.pool.workers] == [w.name for w in POOL.workers] + ["majority-vote"]
     for e in m.entries:
-        assert e.workflow == make_strategy(e.spec, m.pool).workflow
+        assert e.workflow == make_strategy(parse_conductor_spec(e.spec), m.pool).workflow
     assert [len(e.workflow) for e in m.entries] == [1, 1, 4, 4, 4]
     assert WorkflowMenu.parse("fixed:0,fixed:1", POOL).pool == POOL          # nothing votes: the pool as is
 

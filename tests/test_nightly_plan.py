@@ -1,4 +1,4 @@
-"""The nightly run's decisions as plain functions (conductor/learning/nightly.py), on a real file registry, the real
+"""The nightly run's decisions as plain functions (conductor/run/nightly.py), on a real file registry, the real
 simulated pool manifest and a real lake; no Prefect, no model."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from conductor.learning.nightly import (
+from conductor.learning.registry import Registry
+from conductor.run.config import NightlyConfig
+from conductor.run.nightly import (
     baseline_rollouts,
     budget_stop,
     ensure_champion,
@@ -22,8 +24,6 @@ from conductor.learning.nightly import (
     retrain_reason,
     tracking_settings,
 )
-from conductor.learning.registry import Registry
-from conductor.run.config import NightlyConfig
 from conductor.workers.pool import load_pool
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -74,10 +74,10 @@ def test_parse_spec_accepts_or_rejects_any_text_cleanly(text):
 
 def test_missing_paths_fail_before_loading_anything(tmp_path):
     with pytest.raises(PolicySpecError, match="does not exist"):
-        make_policy(f"transformers:{tmp_path / 'nope'}")
+        make_policy(parse_spec(f"transformers:{tmp_path / 'nope'}"))
     if importlib.util.find_spec("llama_cpp") is not None:
         with pytest.raises(PolicySpecError, match="is not a file"):
-            make_policy(f"llamacpp:{tmp_path / 'nope.gguf'}")
+            make_policy(parse_spec(f"llamacpp:{tmp_path / 'nope.gguf'}"))
 
 
 # ---------------------------------------------------------------- transformers (real model)
@@ -152,7 +152,7 @@ def test_transformers_shared_group_prefill_is_exact(tf_backend):
 def cpp_backend():
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama-cpp-python not installed")
-    backend = make_policy(f"embedded:{SMOL}", n_ctx=2048) if embedded.installed().get(SMOL) else pytest.skip("model missing")
+    backend = make_policy(parse_spec(f"embedded:{SMOL}"), n_ctx=2048) if embedded.installed().get(SMOL) else pytest.skip("model missing")
     yield backend
     backend.close()
 
@@ -201,7 +201,7 @@ def test_openai_backend_against_a_local_llamacpp_server(tmp_path):
     from conductor.local.servers import LlamaServer
 
     with LlamaServer(smol_path(), alias=SMOL, settings=ServerSettings(n_ctx=2048), log_path=tmp_path / "s.log") as srv:
-        backend = make_policy(f"openai:{SMOL}@{srv.url}", concurrency=2)
+        backend = make_policy(parse_spec(f"openai:{SMOL}@{srv.url}"), concurrency=2)
         result = backend.generate(PROMPTS, n=2, params=GenerationParams(temperature=1.0, max_tokens=8, seed=5))
         backend.close()
     assert [len(g) for g in result] == [2, 2]
@@ -226,7 +226,7 @@ def test_embedded_default_conductor_writes_a_parseable_workflow():
     except embedded.EmbeddedError as e:
         pytest.skip(str(e))
     pool = load_pool("data/pools/local.yaml")
-    backend = make_policy("embedded", n_ctx=4096)
+    backend = make_policy(parse_spec("embedded"), n_ctx=4096)
     prompt = conductor_prompt("A train travels 120 km in 1.5 hours. What is its average speed in km/h?", pool.full())
     g = backend.generate([prompt], 1, GenerationParams(temperature=0.0, max_tokens=400))[0][0]
     backend.close()

@@ -101,7 +101,8 @@ def test_7_secrets_in_urls_are_masked(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     assert "k3y-value-0123456789" not in r.stdout and "pa55word-xyz" not in r.stdout
     assert "http://h/v1?api-key=[REDACTED]" in r.stdout
+    from conductor.policy.spec import parse_conductor_spec
     from conductor.run.runtime import checkpoint_of
 
-    ckpt = checkpoint_of("openai:m@http://u:SECRET-pass@host/v1#VAR")
+    ckpt = checkpoint_of(parse_conductor_spec("openai:m@http://u:SECRET-pass@host/v1#VAR"))
     assert "SECRET-pass" not in ckpt and ckpt == "openai:m@http://[REDACTED]@host/v1#VAR"

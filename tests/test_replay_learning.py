@@ -58,7 +58,7 @@ def test_nightly_on_the_replay_pool_checks_headroom_trains_for_cost_promotes_and
         conductor_format=ConductorFormat(max_steps=2).to_json(),
         grpo={"learning_rate": 1e-3, "total_iterations": 1, "warmup_ratio": 0.0,
               "objective": {"cost_lambda": 0.3}},
-        promotion={"alpha": 1.01, "min_improvement": -1.0, "max_domain_regression": 1.0}))
+        promotion={"alpha": 1.01, "min_improvement": -1.0, "max_domain_regression": 1.0})).to_json()
     assert res["status"] == "promoted", res
     # the headroom check ran on the evaluation questions before training, with every worker alone; the first
     # three GSM8K test questions are among RouteLLM's contaminated prompts: no recording, so infrastructure

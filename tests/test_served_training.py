@@ -17,8 +17,8 @@ from conductor.data.served import (
     select_labelled,
     write_selection,
 )
-from conductor.learning.nightly import plan_night, served_mix
 from conductor.run.config import NightlyConfig
+from conductor.run.nightly import plan_night, served_mix
 from conductor.serve.config import ServeConfig
 from tests.test_serve_support import ROOT, LiveServer, questions, simulated_pool
 
@@ -97,7 +97,7 @@ def test_requests_served_by_the_real_server_are_labelled_and_join_the_nightly_mi
     mix = load_questions(mixed.train_questions)
     assert [q.gold for q in mix[:2]] == [ITEMS[0][1], ITEMS[1][1]] and mix[2].dataset == "gsm8k_train"
     # the first iteration's window starts with the served questions
-    from conductor.learning.nightly import iteration_rollout
+    from conductor.run.nightly import iteration_rollout
 
     first = iteration_rollout(mixed, night, 0, "uri", "ck")
     assert load_questions(first.questions, limit=first.limit)[0].gold == ITEMS[0][1]

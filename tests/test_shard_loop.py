@@ -15,6 +15,7 @@ from conductor.execution.executor import Executor
 from conductor.generation import Generation
 from conductor.lake.reader import scan
 from conductor.policy.openai_backend import EndpointError
+from conductor.policy.spec import FixedSpec
 from conductor.run import pipeline
 from conductor.run.shards import MAX_CONDUCTOR_FAILURES, ShardLoop, run_shard
 from conductor.workers.pool import load_pool
@@ -124,7 +125,7 @@ def test_the_fan_out_task_runs_the_same_loop_and_skips_a_committed_shard(tmp_pat
 
     @flow(persist_result=False)
     def twice() -> tuple[int, int]:
-        return (run_shard_task(qs, spec, "s0", lake, "fixed:0"), run_shard_task(qs, spec, "s0", lake, "fixed:0"))
+        return (run_shard_task(qs, spec, "s0", lake, FixedSpec(worker=0)), run_shard_task(qs, spec, "s0", lake, FixedSpec(worker=0)))
 
     assert twice() == (3, 0)
     df = scan(lake, kind="rollout", run_id="fan").collect()

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from conductor.generation import GenerationParams
 from conductor.lake.reader import scan
 from conductor.parser import parse_workflow
+from conductor.policy.spec import parse_conductor_spec
 from conductor.policy.strategies import (
     VOTE_WORKER,
     RandomWorkflowPolicy,
@@ -164,16 +165,18 @@ def test_vote_returns_a_most_common_answer_first_seen(values):
                                       ("random:a", "seed 'a' is not an integer")])
 def test_bad_specs_are_one_line_errors(spec, msg):
     with pytest.raises(StrategyError, match=msg):
-        make_strategy(spec, strategy_pool(spec, SIM))
+        typed = parse_conductor_spec(spec)
+        make_strategy(typed, strategy_pool(typed, SIM))
 
 
 def test_strategy_pool_adds_one_vote_worker_and_only_for_votes():
-    p = strategy_pool("sc:0:3", SIM)
+    sc, moa, vote = (parse_conductor_spec(s) for s in ("sc:0:3", "moa:0+1:2", "vote:0+1"))
+    p = strategy_pool(sc, SIM)
     assert [w.provider for w in p.workers][-1] == "vote" and len(p.workers) == len(SIM.workers) + 1
-    assert strategy_pool("sc:0:3", p) is p and strategy_pool("moa:0+1:2", SIM) is SIM
-    assert strategy_pool("vote:0+1", SIM).workers[-1].provider == "vote" and strategy_pool("vote:0+1", p) is p
+    assert strategy_pool(sc, p) is p and strategy_pool(moa, SIM) is SIM
+    assert strategy_pool(vote, SIM).workers[-1].provider == "vote" and strategy_pool(vote, p) is p
     with pytest.raises(StrategyError, match="--max-steps 6"):
-        check_strategy("sc:0:5", SIM, 5)
+        check_strategy(parse_conductor_spec("sc:0:5"), SIM, 5)
 
 
 def test_answer_cli_refuses_an_unusable_strategy_before_starting(tmp_path, questions_file):

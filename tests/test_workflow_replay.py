@@ -170,9 +170,10 @@ def test_an_item_inside_a_vote_sends_the_same_messages_as_the_strategy_alone():
     from conductor.prompts import worker_messages
 
     pool = load_pool(ROOT / "data/pools/local.yaml")
-    alone = make_strategy("chain:0:1", pool).workflow
-    vote_pool = strategy_pool("vote:0+pot-0+chain-0-1", pool)
-    voted = make_strategy("vote:0+pot-0+chain-0-1", vote_pool).workflow
+    vote = parse_conductor_spec("vote:0+pot-0+chain-0-1")
+    alone = make_strategy(parse_conductor_spec("chain:0:1"), pool).workflow
+    vote_pool = strategy_pool(vote, pool)
+    voted = make_strategy(vote, vote_pool).workflow
     q = "What is 6 + 7?"
     answers = {0: "13 because ...\n```python\nprint(13)\n```", 1: "13"}
     for i_alone, i_vote in ((0, 3), (1, 4), (2, 5)):
@@ -214,8 +215,8 @@ def test_bad_strategy_specs_are_one_line(text, message):
 def test_program_strategies_need_a_python_worker():
     pool = Pool(pool_id="p", workers=(Worker(name="a", provider="simulated", model="a"),))
     with pytest.raises(StrategyError, match="no python tool worker"):
-        make_strategy("pot:0", pool)
-    assert [s.subtask for s in make_strategy("fixed:0", pool).workflow.steps] == [DIRECT_SUBTASK]
+        make_strategy(parse_conductor_spec("pot:0"), pool)
+    assert [s.subtask for s in make_strategy(parse_conductor_spec("fixed:0"), pool).workflow.steps] == [DIRECT_SUBTASK]
 
 
 def test_the_default_conductor_generation_is_never_made_during_a_replay(tmp_path):

@@ -15,7 +15,7 @@ from conductor.run.config import AnswerConfig
 
 @app.command("answer")
 @config_options(AnswerConfig, argument="questions", exclude=("show_progress",),
-                flags={"batch_poll_s": "--batch-poll", "constrained": "--constrained/--free",
+                flags={"batch_poll_s": "--batch-poll", "max_dollars": "--max-cost", "constrained": "--constrained/--free",
                        "retry_failed": "--retry-failed/--keep-failed"})
 def answer_cmd(
     ctx: typer.Context,

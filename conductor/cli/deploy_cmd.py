@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import json
 import os
-from typing import cast
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, cast
 
 import typer
 
 from conductor.cli import app, fail
+
+if TYPE_CHECKING:
+    from flows.deployments import DeploymentSpec
 
 deploy_app = typer.Typer(help="Scheduled deployments: nightly retraining and scheduled bulk answering (Prefect).",
                          no_args_is_help=True)
 app.add_typer(deploy_app, name="deploy")
 
 
-def _specs(only: list[str], cron: list[str], interval: list[str], param: list[str], env=None):
+def _specs(only: list[str], cron: list[str], interval: list[str], param: list[str],
+           env: Mapping[str, str] | None = None) -> list[DeploymentSpec]:
     from flows.deployments import DeploymentConfigError, apply_overrides, deployment_specs
 
     try:

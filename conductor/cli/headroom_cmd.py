@@ -12,13 +12,19 @@ any-correct oracle over the entries and the cross-fit router that picks an entry
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from conductor.cli import app, fail
-from conductor.run.config import DEFAULT_POOL
+from conductor.cli.run_options import CONFIG_HELP, build_config, config_options
+from conductor.run.config import HeadroomConfig
 
+if TYPE_CHECKING:
+    from conductor.stats.headroom import OutcomeMatrix, PolicyOutcome
+
+# Each worker (or option) runs with the answer defaults; the command line sets none of these.
+HEADROOM_RUN_DEFAULTS = ("conductor", "temperature", "max_tokens", "fewshot", "constrained", "max_steps")
 _LAKE_COLUMNS = ("question_id", "dataset", "domain", "question", "sample_index", "correct", "infra_failed",
                  "cost_usd", "subpool")
 
@@ -83,7 +89,7 @@ def option_runs(labelled: list[tuple[str, str]], options: list[str]) -> tuple[li
     return [(o, first[o]) for o in options if o in first], notes
 
 
-def options_matrix(lake: str, labelled: list[tuple[str, str]], options: list[str]):  # -> OutcomeMatrix
+def options_matrix(lake: str, labelled: list[tuple[str, str]], options: list[str]) -> OutcomeMatrix:
     """The outcome matrix of the lake's runs of ``options`` (strategies as the options, named by their spec)."""
     from conductor.stats.headroom import OutcomeMatrix
 
@@ -103,7 +109,7 @@ def options_matrix(lake: str, labelled: list[tuple[str, str]], options: list[str
                          matrix.domains, (*notes, *matrix.notes))
 
 
-def matrix_from_lake(lake: str, labelled: list[tuple[str, str]]):  # -> OutcomeMatrix
+def matrix_from_lake(lake: str, labelled: list[tuple[str, str]]) -> OutcomeMatrix:
     """The outcome matrix of the lake's single-worker runs; workers are named from the runs' pool order."""
     from conductor.stats.headroom import OutcomeMatrix
 
@@ -129,7 +135,7 @@ def matrix_from_lake(lake: str, labelled: list[tuple[str, str]]):  # -> OutcomeM
                          matrix.domains, (*notes, *matrix.notes))
 
 
-def policy_from_lake(lake: str, labelled: list[tuple[str, str]], policy: str):  # -> PolicyOutcome
+def policy_from_lake(lake: str, labelled: list[tuple[str, str]], policy: str) -> PolicyOutcome:
     """The run named by ``policy`` (a label such as ``conductor``, or a run id) as a policy point."""
     from conductor.stats.headroom import PolicyOutcome
 
@@ -148,35 +154,9 @@ def policy_from_lake(lake: str, labelled: list[tuple[str, str]], policy: str):  
 
 
 @app.command("headroom")
-def headroom_cmd(
-    questions: str = typer.Argument(None, help="Question set to run every worker alone on (as for `conductor "
-                                    "answer`); leave out to read the single-worker runs from --lake."),
-    out: Path = typer.Option(..., "--out", help="Output directory: headroom.json, headroom.md, headroom.png "
-                             "(and runs/, lake/ when QUESTIONS is given)."),
-    pool: Path = typer.Option(DEFAULT_POOL, "--pool", help="Worker pool manifest (with QUESTIONS)."),
-    lake: str = typer.Option(None, "--lake", help="Lake holding the single-worker runs (fixed:i, as written by "
-                             "`conductor compare --strategies fixed:*`); default OUT/lake with QUESTIONS."),
-    runs: str = typer.Option(None, "--runs", help="Read mode: which runs, as LABEL=RUN_ID or RUN_ID, comma-separated "
-                             "(default: every answer run in --lake; the fixed:i ones are the workers)."),
-    policy: str = typer.Option(None, "--policy", help="A run in the lake to place between the best single worker "
-                               "and the cross-fit oracle: its label (e.g. conductor) or run id."),
-    limit: int = typer.Option(None, "--limit", min=1, help="Only the first N questions (with QUESTIONS)."),
-    shard_size: int = typer.Option(5, "--shard-size", min=1),
-    folds: int = typer.Option(5, "--folds", min=2, help="Cross-fit folds."),
-    n_boot: int = typer.Option(2000, "--n-boot", min=100, help="Bootstrap resamples over questions."),
-    seed: int = typer.Option(0, "--seed", help="Seeds the runs, the fold split and the bootstrap."),
-    margin: float = typer.Option(0.01, "--margin", min=0.0, max=1.0, help="Any-correct gains whose 95% CI lower "
-                                 "bound is at most this (accuracy, 0.01 = 1 point) are noise: pool-bound."),
-    alpha: float = typer.Option(0.05, "--alpha", min=0.0001, max=0.5, help="Significance level of the paired tests."),
-    cost_weight: float = typer.Option(0.0, "--cost-weight", min=0.0, help="The cross-fit router's objective: accuracy "
-                                      "minus this times dollars per question."),
-    cache: Path = typer.Option(None, "--cache", help="With QUESTIONS: one response cache for every worker (default: "
-                               "one per worker under OUT/runs/)."),
-    replay: bool = typer.Option(False, "--replay", help="Answer only from the cache; never call a provider."),
-    options: str = typer.Option("fixed:*", "--options", help="The options the router picks between: strategy specs, "
-                                "comma-separated (default fixed:*, every worker alone; e.g. a menu of workflows "
-                                "fixed:0,pot:0,chain:0:1,cascade:0+pot-0:0)."),
-) -> None:
+@config_options(HeadroomConfig, argument="questions", exclude=HEADROOM_RUN_DEFAULTS)
+def headroom_cmd(ctx: typer.Context, config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
+                 **options: Any) -> None:
     """Run (or read) each worker alone and check the pool's headroom: per-worker accuracy and dollars, the
     random-mix line, the cross-fit routing oracle and the any-correct oracle with 95% intervals and paired tests,
     and a verdict: pool-bound (no router can win here) or router-bound (a router could)."""
@@ -189,36 +169,36 @@ def headroom_cmd(
     from conductor.stats.headroom import headroom_report
     from conductor.workers.pool import PoolError, load_pool
 
-    if not math.isfinite(cost_weight):    # inf would be written to headroom.json as a bare Infinity
-        fail(f"--cost-weight {cost_weight}: must be a finite number >= 0")
+    cfg = build_config(HeadroomConfig, ctx, config, options)
+    if not math.isfinite(cfg.cost_weight):    # inf would be written to headroom.json as a bare Infinity
+        fail(f"--cost-weight {cfg.cost_weight}: must be a finite number >= 0")
+    out, lake, options_text = Path(cfg.out), cfg.lake, cfg.options.strip()
     try:
-        if questions is None:
+        if cfg.questions is None:
             if not lake:
                 fail("give QUESTIONS to run each worker alone, or --lake with their runs (fixed:i)")
             if not Path(lake).exists() and "://" not in lake:
                 fail(f"{lake}: no lake to read runs from (give QUESTIONS to run the workers)")
-            labelled = _read_runs(lake, runs)
+            labelled = _read_runs(lake, cfg.runs)
         else:
-            if runs:
+            if cfg.runs:
                 fail("--runs selects runs to read: leave out QUESTIONS, or leave out --runs to run the workers")
             lake = lake or str(out / "lake")
-            n_questions = len(load_questions(questions, limit))
+            n_questions = len(load_questions(cfg.questions, cfg.limit))
             if n_questions < 2:   # found now, not after running every worker
-                fail(f"{questions}: headroom needs at least 2 questions (got {n_questions})")
-            manifest = load_pool(pool)
-            if len(manifest.workers) < 2 and options.strip() == "fixed:*":
-                fail(f"{pool}: headroom compares workers; the pool has {len(manifest.workers)}")
-            plan = _plan(expand(split_strategies(options), len(manifest.workers)), "auto", manifest, 1)
-            ran, _ = _run_all(plan, questions, out, lake, pool, limit=limit, shard_size=shard_size, seed=seed,
-                              temperature=None, max_tokens=768, fewshot="auto", constrained=None,
-                              cache=str(cache) if cache else None, replay=replay)
+                fail(f"{cfg.questions}: headroom needs at least 2 questions (got {n_questions})")
+            manifest = load_pool(cfg.pool)
+            if len(manifest.workers) < 2 and options_text == "fixed:*":
+                fail(f"{cfg.pool}: headroom compares workers; the pool has {len(manifest.workers)}")
+            plan = _plan(expand(split_strategies(cfg.options), len(manifest.workers)), cfg.conductor, manifest, 1)
+            ran, _ = _run_all(plan, cfg, cfg.questions, out, lake)
             ours = {run_id for _, run_id in ran}     # the lake's other runs stay reachable by --policy
             labelled = ran + [(label, r) for label, r in _read_runs(lake, None) if r not in ours]
-        matrix = (matrix_from_lake(lake, labelled) if options.strip() == "fixed:*"
-                  else options_matrix(lake, labelled, split_strategies(options)))
-        pol = policy_from_lake(lake, labelled, policy) if policy else None
-        report = headroom_report(matrix, policy=pol, folds=folds, n_boot=n_boot, seed=seed, margin=margin,
-                                 alpha=alpha, cost_weight=cost_weight)
+        matrix = (matrix_from_lake(lake, labelled) if options_text == "fixed:*"
+                  else options_matrix(lake, labelled, split_strategies(cfg.options)))
+        pol = policy_from_lake(lake, labelled, cfg.policy) if cfg.policy else None
+        report = headroom_report(matrix, policy=pol, folds=cfg.folds, n_boot=cfg.n_boot, seed=cfg.seed,
+                                 margin=cfg.margin, alpha=cfg.alpha, cost_weight=cfg.cost_weight)
     except (CompareError, DatasetError, PoolError, ValueError, OSError) as e:
         fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     paths = report.write(out)

@@ -15,10 +15,11 @@ from conductor.policy.spec import ConductorSpec
 from conductor.run.config import EvaluateConfig, NightlyConfig, RolloutConfig
 
 
-def _check(pool: Path, conductors: dict[str, ConductorSpec | str] | None = None, run_id: str | None = None,
+def _check(pool: Path, conductors: dict[str, ConductorSpec] | None = None, run_id: str | None = None,
            k: int | None = None, questions: str | None = None, limit: int | None = None) -> None:
     """The checks `conductor answer` makes, before Prefect starts: one `error:` line, exit 2."""
     from conductor.run.preflight import UsageError, check_conductor, check_k, check_pool, check_questions, check_run_id
+    from conductor.workflow import DEFAULT_MAX_STEPS
 
     try:
         if run_id is not None:
@@ -28,7 +29,7 @@ def _check(pool: Path, conductors: dict[str, ConductorSpec | str] | None = None,
         manifest = check_pool(pool)
         for flag, spec in (conductors or {}).items():
             check_k(k, manifest, spec)
-            check_conductor(spec, manifest, max_steps=5, flag=flag)
+            check_conductor(spec, manifest, max_steps=DEFAULT_MAX_STEPS, flag=flag)
     except UsageError as e:
         fail(str(e))
 
@@ -128,5 +129,5 @@ def nightly_cmd(
     except (DatasetError, ValueError, OSError) as e:
         fail(str(e).splitlines()[0])
     with flow_errors():
-        res = nightly_flow(cfg)
+        res = nightly_flow(cfg).to_json()
     typer.echo(json.dumps({k: res.get(k) for k in ("night", "status", "why", "stopped", "decision", "report")}, indent=2, default=str))

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from conductor.cli import app, fail
 
+if TYPE_CHECKING:
+    from conductor.workers.pool import Pool
+
 pool_app = typer.Typer(help="Pool manifests: validate, show, sample k-of-n sub-pools.", no_args_is_help=True)
 app.add_typer(pool_app, name="pool")
 
 
-def _load(file: Path):
+def _load(file: Path) -> Pool:
     from conductor.run.preflight import UsageError, check_pool
 
     try:

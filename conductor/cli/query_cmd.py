@@ -8,10 +8,16 @@ session (conductor/lake/queries.py ``sql``; docs/operations.md) unless ``--allow
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import typer
 
 from conductor.cli import app, fail
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from conductor.lake.reader import Lake
 
 lake_app = typer.Typer(help="Inspect the trajectory lake (stats, schema).", no_args_is_help=True)
 app.add_typer(lake_app, name="lake")
@@ -21,7 +27,7 @@ _FORMATS = ("table", "csv", "json")
 _KINDS = ("rollout", "eval", "answer", "served")
 
 
-def _open(lake: str):
+def _open(lake: str) -> Lake:
     import logging
 
     from conductor.lake.reader import open_lake
@@ -41,7 +47,7 @@ def _open(lake: str):
         fail(f"lake {lake}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
 
 
-def _csv_ready(df):
+def _csv_ready(df: pl.DataFrame) -> pl.DataFrame:
     """CSV has no nested values: list and struct columns (``steps``, ``subpool``, ...) become JSON text, which
     a spreadsheet shows and ``json.loads`` reads back, instead of polars refusing the whole result."""
     import json
@@ -54,7 +60,7 @@ def _csv_ready(df):
         for c in nested)
 
 
-def _print(df, fmt: str) -> None:
+def _print(df: pl.DataFrame, fmt: str) -> None:
     import polars as pl
 
     if fmt == "csv":

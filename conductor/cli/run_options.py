@@ -34,21 +34,24 @@ _SCALARS = (bool, int, float, str)
 
 
 def config_options(cls: type[RunConfig], *, argument: str | None = None, flags: Mapping[str, str] | None = None,
-                   exclude: Collection[str] = ()) -> Callable[[F], F]:
+                   exclude: Collection[str] = (), bounds: bool = True) -> Callable[[F], F]:
     """Decorate a typer command so its parameters are ``cls``'s fields, then the function's own parameters.
 
     The function takes ``**options`` for the generated ones (field name -> value; pass them to
     ``build_config``). ``argument``: the field given positionally; ``flags``: a field's option
     declaration when it is not ``--field-name`` (``"--batch-poll"``, ``"--constrained/--free"``; a boolean that
     defaults to true gets ``--name/--no-name``); ``exclude``:
-    fields only a ``--config`` file sets. Fields that hold a mapping or a list are never options (a command
+    fields only a ``--config`` file sets; ``bounds``: click checks (and the help shows) a field's ``ge``/``le``
+    bounds; without, the model checks them and a bad number is one ``error:`` line however the command is invoked.
+    Fields that hold a mapping or a list are never options (a command
     declares its own, e.g. ``--grpo JSON``); any other non-scalar type (a typed spec) is typed as text."""
 
     def wrap(fn: F) -> F:
         own = list(inspect.signature(fn, eval_str=True).parameters.values())
         head = [p for p in own if p.annotation is typer.Context]
         tail = [p for p in own if p.annotation is not typer.Context and p.kind is not inspect.Parameter.VAR_KEYWORD]
-        generated = [option_parameter(name, field, argument=name == argument, decl=(flags or {}).get(name))
+        generated = [option_parameter(name, field, argument=name == argument, decl=(flags or {}).get(name),
+                                      bounds=bounds)
                      for name, field in cls.model_fields.items()
                      if name not in exclude and cli_type(field.annotation) is not None]
 
@@ -64,7 +67,8 @@ def config_options(cls: type[RunConfig], *, argument: str | None = None, flags: 
     return wrap
 
 
-def option_parameter(name: str, field: FieldInfo, *, argument: bool = False, decl: str | None = None) -> inspect.Parameter:
+def option_parameter(name: str, field: FieldInfo, *, argument: bool = False, decl: str | None = None,
+                     bounds: bool = True) -> inspect.Parameter:
     """One typer parameter from a configuration field: its default, ``min`` from ``ge``, help from ``description``.
 
     A required field defaults to None on the command line: the value may come from ``--config``, and the model
@@ -82,11 +86,19 @@ def option_parameter(name: str, field: FieldInfo, *, argument: bool = False, dec
     if argument:
         info = typer.Argument(default, show_default=False, help=text)
     else:
-        bounds = [m.ge for m in field.metadata if isinstance(m, annotated_types.Ge)]
-        minimum = bounds[0] if bounds and isinstance(bounds[0], (int, float)) else None
-        info = typer.Option(default, decl or flag, help=text or None, min=minimum,
-                            show_default=not required)
+        info = typer.Option(default, decl or flag, help=text or None, show_default=not required,
+                            min=_bound(field, annotated_types.Ge) if bounds else None,
+                            max=_bound(field, annotated_types.Le) if bounds else None)
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=cli_type(field.annotation))
+
+
+def _bound(field: FieldInfo, kind: type[annotated_types.Ge] | type[annotated_types.Le]) -> int | float | None:
+    """The field's ``ge`` (or ``le``) bound, shown and checked by the option as its ``min`` (or ``max``)."""
+    for m in field.metadata:
+        if isinstance(m, kind):
+            value = m.ge if isinstance(m, annotated_types.Ge) else m.le
+            return value if isinstance(value, (int, float)) else None
+    return None
 
 
 def cli_type(annotation: Any) -> type | None:
@@ -95,10 +107,16 @@ def cli_type(annotation: Any) -> type | None:
 
     >>> cli_type(int | None), cli_type(bool), cli_type(dict[str, int] | None), cli_type(list[str])
     (<class 'int'>, <class 'bool'>, None, None)
+    >>> cli_type(typing.Annotated[float, "gt 0"] | None)
+    <class 'float'>
     """
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
         annotation = args[0]
+    if typing.get_origin(annotation) is typing.Annotated:   # Positive | None: the scalar inside
+        annotation = typing.get_args(annotation)[0]
     if annotation in _SCALARS:
         return annotation
     if typing.get_origin(annotation) in (dict, list, tuple, set, Mapping) or annotation in (dict, list):

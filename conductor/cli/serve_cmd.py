@@ -9,64 +9,36 @@ from typing import Any
 import typer
 
 from conductor.cli import app, fail
+from conductor.cli.run_options import CONFIG_HELP, build_config, config_options
+from conductor.serve.config import TUNING, ServeConfig
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")   # uvicorn's
 KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}$")   # one token of a keys-file line
 
 
 @app.command("serve")
-def serve(pool: Path = typer.Option(..., "--pool", help="Pool manifest the conductor runs over."),
-          conductor: str = typer.Option("auto", "--conductor",
-                                        help="The default when the registry has no champion: auto (embedded), "
-                                             "a policy spec, or a strategy such as fixed:0."),
-          registry: str = typer.Option(None, "--registry", help="Champion registry (default $CONDUCTOR_REGISTRY)."),
-          reload_s: float = typer.Option(2.0, "--reload-s", help="Re-read the champion this often (0: never)."),
+@config_options(ServeConfig, exclude=TUNING, flags={"max_dollars": "--max-cost"}, bounds=False)
+def serve(ctx: typer.Context,
+          config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
           host: str = typer.Option("127.0.0.1", "--host"),
           port: int = typer.Option(8000, "--port"),
-          lake: str = typer.Option(None, "--lake", help="Write served traffic here (kind=served)."),
-          store_text: bool = typer.Option(False, "--store-text", help="Keep the user's text in the lake."),
-          limits: str = typer.Option(None, "--limits", help="Worker rate limits: local, sqlite:PATH or prefect."),
-          client_limits: str = typer.Option(None, "--client-limits",
-                                            help="Per-key limits store shared by replicas: local or sqlite:PATH."),
-          keys_file: Path = typer.Option(None, "--keys-file", help="Lines 'NAME sha256:<hex>' (hashed API keys)."),
-          key_rpm: float = typer.Option(600.0, "--key-rpm", help="Requests per minute per API key (0: unlimited)."),
-          key_concurrency: int = typer.Option(64, "--key-concurrency", help="Requests in flight per API key."),
-          max_steps: int = typer.Option(5, "--max-steps"),
-          max_cost: float = typer.Option(None, "--max-cost", help="Dollar cap per request (requests may lower it)."),
-          recursion_depth: int = typer.Option(0, "--recursion-depth"),
-          max_input_chars: int = typer.Option(32_000, "--max-input-chars"),
-          cache: str = typer.Option(None, "--cache", help="Response cache (SQLite path)."),
-          run_id: str = typer.Option(None, "--run-id", help="Lake run id of served rows (default served-<UTC date>)."),
-          fewshot: str = typer.Option("auto", "--fewshot", help="Conductor prompt examples (auto: as `answer`)."),
-          log_level: str = typer.Option("warning", "--log-level")) -> None:
+          log_level: str = typer.Option("warning", "--log-level"),
+          **options: Any) -> None:
     """Serve the conductor behind /v1/chat/completions, /v1/responses, /v1/models, /health and /metrics."""
     import logging
 
-    from pydantic import ValidationError
-
     from conductor.policy.strategies import StrategyError, check_strategy, strategy_pool
     from conductor.run.preflight import UsageError
-    from conductor.serve.config import ServeConfig
     from conductor.workers.pool import PoolError, load_pool
 
-    if not pool.is_file():
-        fail(f"{pool}: no such pool manifest")
+    cfg = build_config(ServeConfig, ctx, config, options)   # the conductor spec, few-shot and limits parsed once
+    if not Path(cfg.pool).is_file():
+        fail(f"{cfg.pool}: no such pool manifest")
     try:   # a bad manifest or strategy is one line here, not a traceback from the server's start-up
-        manifest = load_pool(pool)
-        check_strategy(conductor, strategy_pool(conductor, manifest), max_steps)
+        manifest = load_pool(cfg.pool)
+        check_strategy(cfg.conductor, strategy_pool(cfg.conductor, manifest), cfg.max_steps)
     except (PoolError, StrategyError) as e:
         fail(str(e))
-    try:   # the conductor spec, few-shot setting and limits store are parsed here, once
-        text: dict[str, Any] = {"conductor": conductor, "limits": limits, "fewshot": fewshot}   # parsed by the config
-        cfg = ServeConfig(pool=str(pool), registry=registry, reload_s=reload_s, lake=lake,
-                          store_text=store_text, client_limits=client_limits,
-                          keys_file=str(keys_file) if keys_file else None, key_rpm=key_rpm or None,
-                          key_concurrency=key_concurrency, max_steps=max_steps, max_cost=max_cost,
-                          recursion_depth=recursion_depth, max_input_chars=max_input_chars, cache=cache,
-                          run_id=run_id, **text)
-    except ValidationError as e:
-        err = e.errors()[0]
-        fail(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg'].removeprefix('Value error, ')}")
     try:
         check_start(cfg, host, port, log_level)
     except UsageError as e:
@@ -78,7 +50,7 @@ def serve(pool: Path = typer.Option(..., "--pool", help="Pool manifest the condu
         fail(str(e))
 
 
-def check_start(cfg: Any, host: str, port: int, log_level: str) -> None:
+def check_start(cfg: ServeConfig, host: str, port: int, log_level: str) -> None:
     """What the server's start-up would trip over, found before anything starts (UsageError, one line): the
     listening address (an IP address or localhost: a name is never looked up), a port that is free, the log
     level, and the lake, cache and limits paths (a served row that cannot be written is lost)."""
@@ -119,12 +91,12 @@ def check_start(cfg: Any, host: str, port: int, log_level: str) -> None:
                              "is another server using the port?)") from None
 
 
-def run_server(cfg: object, host: str, port: int, log_level: str = "warning") -> None:
+def run_server(cfg: ServeConfig, host: str, port: int, log_level: str = "warning") -> None:
     import uvicorn
 
     from conductor.serve.app import create_app
 
-    app_ = create_app(cfg)  # type: ignore[arg-type]
+    app_ = create_app(cfg)
     # loop/http "auto": uvloop and httptools (the lake extra installs both) when importable, else asyncio and h11;
     # with them a served request costs about a third less CPU (docs/serving.md, "Overhead"). No Server header,
     # no access log: lines and bytes per request that nothing reads.

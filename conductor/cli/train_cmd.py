@@ -6,11 +6,15 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
 from conductor.cli import app, fail
+
+if TYPE_CHECKING:
+    from conductor.learning.grpo.config import GRPOConfig
+    from conductor.learning.registry import Registry
 
 registry_app = typer.Typer(help="Checkpoint registry: champion/challenger aliases, history, rollback.",
                            no_args_is_help=True)
@@ -19,7 +23,7 @@ app.add_typer(registry_app, name="registry")
 REGISTRY_HELP = "Registry root (local dir or s3://...) or mlflow+<tracking-uri>#<model>; default $CONDUCTOR_REGISTRY."
 
 
-def _registry(root: str | None, create: bool = False):
+def _registry(root: str | None, create: bool = False) -> Registry:
     """The registry at ``root``; only ``register`` may create one (a typo must not become an empty registry)."""
     from conductor.learning.registry import Registry, RegistryError
 
@@ -53,7 +57,7 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
-def _grpo_config(config: Path | None, preset: str | None, overrides: str | None):
+def _grpo_config(config: Path | None, preset: str | None, overrides: str | None) -> GRPOConfig:
     from conductor.learning.grpo.config import GRPOConfig, GRPOConfigError
 
     try:

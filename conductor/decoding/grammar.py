@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from conductor.workflow import DEFAULT_MAX_STEPS
+
 # Control characters (Unicode category Cc) but tab, as GBNF class ranges (\n among them: the lists are lines).
 _CONTROL = r"\x00-\x08\x0a-\x1f\x7f-\x9f"
 # Whitespace (str.isspace) outside _CONTROL: never at either end of a subtask, which the parser strips.
@@ -94,7 +96,7 @@ class WorkflowGrammar:
     """
 
     n_workers: int
-    max_steps: int = 5
+    max_steps: int = DEFAULT_MAX_STEPS
     plan_chars: int = 240
     subtask_chars: int = 400
     subtasks: tuple[str, ...] | None = None
@@ -143,7 +145,7 @@ class WorkflowGrammar:
         return [f'st ::= "\\"" {body} "\\""', f"sc ::= {edge}", f"sm ::= {inner}"]
 
 
-def workflow_grammar(n_workers: int, max_steps: int = 5, plan_chars: int = 240, subtask_chars: int = 400,
+def workflow_grammar(n_workers: int, max_steps: int = DEFAULT_MAX_STEPS, plan_chars: int = 240, subtask_chars: int = 400,
                      subtasks: Sequence[str] | None = None, min_steps: int = 1, tools: Sequence[int] = ()) -> str:
     """GBNF text of ``WorkflowGrammar`` (the form ``GenerationParams.grammar`` carries).
 

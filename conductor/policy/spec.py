@@ -44,9 +44,10 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
+from conductor.workflow import DEFAULT_MAX_STEPS
+
 BACKENDS = ("embedded", "llamacpp", "transformers", "vllm", "openai")
 STRATEGIES = ("fixed", "sc", "moa", "vote", "random", "pot", "chain", "cascade")
-DEFAULT_RANDOM_MAX_STEPS = 5   # conductor.workflow.DEFAULT_MAX_STEPS (not imported: this module stays leaf-light)
 EXPECTED = ("auto, champion[@REGISTRY], embedded[:NAME], llamacpp:FILE.gguf, transformers:DIR[#FILE.gguf], "
             "vllm:MODEL, openai:MODEL[@URL][#KEY_ENV], fixed:I, sc:I:K, moa:P1+P2+...:AGG, vote:P1+P2+..., random[:SEED[:MAX_STEPS]], "
             "pot:I, chain:I:R, cascade:A+B+...:J")
@@ -412,7 +413,7 @@ class RandomSpec(_StrategySpec):
 
     @property
     def steps_needed(self) -> int:
-        return self.max_steps or DEFAULT_RANDOM_MAX_STEPS
+        return self.max_steps or DEFAULT_MAX_STEPS
 
     def __str__(self) -> str:
         return ":".join(["random", *(str(v) for v in (self.seed, self.max_steps) if v is not None)])
@@ -424,6 +425,8 @@ StrategySpec = (FixedSpec | SelfConsistencySpec | MixtureSpec | VoteSpec | Rando
                 | CascadeSpec)
 ConductorSpec = Annotated[AutoSpec | ChampionSpec | BackendSpec | StrategySpec, Field(discriminator="kind")]
 BACKEND_SPECS = (EmbeddedSpec, LlamaCppSpec, TransformersSpec, VllmSpec, OpenAISpec)
+STRATEGY_SPECS = (FixedSpec, SelfConsistencySpec, MixtureSpec, VoteSpec, RandomSpec, ProgramSpec, ChainSpec,
+                  CascadeSpec)
 
 
 def head_of(text: str) -> str:

@@ -42,6 +42,7 @@ from conductor.generation import Generation, GenerationParams
 from conductor.policy.fixed import DIRECT_SUBTASK, FixedWorkflowPolicy
 from conductor.policy.spec import (
     STRATEGY_FORMS,
+    STRATEGY_SPECS,
     CascadeSpec,
     ChainSpec,
     ConductorSpec,
@@ -53,8 +54,6 @@ from conductor.policy.spec import (
     StrategyError,
     StrategySpec,
     VoteSpec,
-    as_conductor_spec,
-    is_strategy_text,
 )
 from conductor.workflow import ALL, DEFAULT_MAX_STEPS, Step, Workflow
 
@@ -83,21 +82,19 @@ AGGREGATE_SUBTASK = ("You are shown answers to the user question from several ot
                      "Follow the question's instructions on the answer format exactly.")
 
 
-def is_strategy(spec: ConductorSpec | str) -> bool:
-    """True for the baseline specs this module builds (text: by its kind, so a malformed one still gets its
-    strategy's error from ``make_strategy``).
+def is_strategy(spec: ConductorSpec) -> bool:
+    """True for the baseline specs this module builds (text: ``conductor.policy.spec.is_strategy_text``).
 
-    >>> [is_strategy(s) for s in ("fixed:0", "sc:1:5", "moa:0+1:2", "random", "random:3", "embedded")]
-    [True, True, True, True, True, False]
+    >>> from conductor.policy.spec import parse_conductor_spec
+    >>> [is_strategy(parse_conductor_spec(s)) for s in ("fixed:0", "sc:1:5", "moa:0+1:2", "random", "embedded")]
+    [True, True, True, True, False]
     """
-    return is_strategy_text(spec)
+    return spec.is_strategy
 
 
-def strategy_spec(spec: ConductorSpec | str) -> StrategySpec | None:
-    """The typed strategy a spec names, None for a model spec; StrategyError for malformed strategy text."""
-    if not is_strategy_text(spec):
-        return None
-    return as_conductor_spec(spec)  # type: ignore[return-value]
+def strategy_spec(spec: ConductorSpec) -> StrategySpec | None:
+    """The typed strategy a spec is, None for a model spec."""
+    return spec if isinstance(spec, STRATEGY_SPECS) else None
 
 
 def attempt_subtask(j: int, k: int) -> str:
@@ -240,7 +237,7 @@ def cascade(spec: CascadeSpec, where: Ordinals, gate: int) -> FixedWorkflowPolic
     return FixedWorkflowPolicy(Workflow(tuple(steps)), name=str(spec))
 
 
-def strategy_pool(spec: ConductorSpec | str | Sequence[ConductorSpec | str], pool: Pool) -> Pool:
+def strategy_pool(spec: ConductorSpec | Sequence[ConductorSpec], pool: Pool) -> Pool:
     """The pool a strategy (or every entry of a menu) runs over: the pool's own workers, then the agree gate when a
     ``cascade`` needs it, then the vote tool when ``sc`` or ``vote`` needs it (each once).
 
@@ -248,16 +245,18 @@ def strategy_pool(spec: ConductorSpec | str | Sequence[ConductorSpec | str], poo
     (named by its worker ordinal), gets the same message alone and inside any menu: a recording made with one
     replays with the other. The vote step is seen by no later step, so its ordinal never reaches a message.
 
+    >>> from conductor.policy.spec import parse_conductor_spec
     >>> from conductor.workers.pool import Pool, Worker
     >>> p = Pool(pool_id="p", workers=[Worker(name=n, provider="simulated", model=n) for n in "ab"])
-    >>> [w.provider for w in strategy_pool(["sc:0:3", "cascade:0+1:0"], p).workers]
+    >>> [w.provider for w in strategy_pool([parse_conductor_spec("sc:0:3"), parse_conductor_spec("cascade:0+1:0")],
+    ...                                    p).workers]
     ['simulated', 'simulated', 'agree', 'vote']
-    >>> [w.provider for w in strategy_pool("cascade:0+1:0", p).workers]
+    >>> [w.provider for w in strategy_pool(parse_conductor_spec("cascade:0+1:0"), p).workers]
     ['simulated', 'simulated', 'agree']
     """
     from conductor.workers.pool import Worker
 
-    specs = [spec] if isinstance(spec, str) or not isinstance(spec, Sequence) else list(spec)
+    specs = list(spec) if isinstance(spec, Sequence) else [spec]
     typed = [strategy_spec(s) for s in specs]
     own = [w for w in pool.workers if w.provider not in ("vote", "agree")]
     gates = [w for w in pool.workers if w.provider == "agree"]
@@ -272,17 +271,18 @@ def strategy_pool(spec: ConductorSpec | str | Sequence[ConductorSpec | str], poo
     return pool if workers == tuple(pool.workers) else pool.model_copy(update={"workers": workers})
 
 
-def steps_needed(spec: ConductorSpec | str) -> int:
+def steps_needed(spec: ConductorSpec) -> int:
     """The longest workflow a strategy writes (a run's ``max_steps`` must allow it); 1 for a model spec.
 
-    >>> steps_needed("sc:0:5"), steps_needed("moa:0+1+2:0"), steps_needed("random:1:4"), steps_needed("fixed:2")
-    (6, 4, 4, 1)
+    >>> from conductor.policy.spec import parse_conductor_spec
+    >>> [steps_needed(parse_conductor_spec(s)) for s in ("sc:0:5", "moa:0+1+2:0", "random:1:4", "fixed:2")]
+    [6, 4, 4, 1]
     """
     typed = strategy_spec(spec)
     return 1 if typed is None else typed.steps_needed
 
 
-def make_strategy(spec: ConductorSpec | str, pool: Pool) -> FixedWorkflowPolicy | RandomWorkflowPolicy:
+def make_strategy(spec: ConductorSpec, pool: Pool) -> FixedWorkflowPolicy | RandomWorkflowPolicy:
     """The policy for a strategy spec over ``pool`` (as returned by ``strategy_pool``); StrategyError if unusable."""
     typed = strategy_spec(spec)
     # the vote and gate workers are the strategies', not the pool's (appended last)
@@ -318,7 +318,7 @@ def _tool_worker(pool: Pool, spec: StrategySpec, provider: str) -> int:
     return found[0]
 
 
-def check_strategy(spec: ConductorSpec | str, pool: Pool, max_steps: int) -> None:
+def check_strategy(spec: ConductorSpec, pool: Pool, max_steps: int) -> None:
     """Refuse, before anything starts, a strategy spec that cannot run over ``pool`` within ``max_steps``."""
     typed = strategy_spec(spec)
     if typed is None:

@@ -7,16 +7,17 @@ for that it must know how many trajectories the run has and when each one ends, 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from conductor.execution.batch.executor import BatchExecutor
 
 if TYPE_CHECKING:
+    from conductor.policy.base import PolicyBackend
     from conductor.run.pipeline import RunSpec
     from conductor.trajectory import Trajectory
 
 
-def execute_waves(trajectories: list[Trajectory], spec: RunSpec, executor: BatchExecutor, policy: Any = None,
+def execute_waves(trajectories: list[Trajectory], spec: RunSpec, executor: BatchExecutor, policy: PolicyBackend | None = None,
                   on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
     """Like ``conductor.run.pipeline.execute`` (same records, same cache), with calls batched wave by wave."""
     from conductor.run.pipeline import execute

@@ -14,14 +14,17 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Required, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from typing_extensions import TypedDict
 
+from conductor.execution.executor import Budget
 from conductor.execution.shared_limits import LimitsField
 from conductor.policy.spec import AutoSpec, ChampionSpec, ConductorSpec, ConductorSpecField
 from conductor.prompts import FewShotField, FewShotSpec
 from conductor.resources import data_path
+from conductor.workflow import DEFAULT_MAX_STEPS
 
 if TYPE_CHECKING:
     from conductor.workers.pool import Pool
@@ -29,6 +32,23 @@ if TYPE_CHECKING:
 DEFAULT_POOL = str(data_path("pools", "local.yaml"))
 
 C = TypeVar("C", bound="RunConfig")
+
+
+class MLflowTracking(TypedDict, total=False):
+    """Where a training step logs its metrics: ``uri``, ``experiment``, and ``run_id`` (continue a run) or
+    ``run_name`` (start one)."""
+
+    uri: Required[str]
+    experiment: str
+    run_id: str | None
+    run_name: str
+
+CONDUCTOR_MAX_TOKENS = 768     # the conductor's completion limit when answering (rollouts: the paper's 1024)
+MaxSteps = Annotated[int, Field(ge=1)]     # default conductor.workflow.DEFAULT_MAX_STEPS (the paper: 5)
+
+# Dollars per question, named as the executor's ``Budget.max_dollars`` from the configuration down; the command
+# line keeps ``--max-cost`` and a YAML file may still say ``max_cost:`` (its first name).
+MaxDollars = Annotated[float | None, Field(gt=0, validation_alias=AliasChoices("max_dollars", "max_cost"))]
 
 
 class ConfigError(ValueError):
@@ -106,30 +126,22 @@ def read_yaml(file: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-class AnswerConfig(RunConfig):
-    """``conductor answer``: a question set through the conductor and a worker pool, into the lake."""
+class AnswerSettings(RunConfig):
+    """What every run of the answer pipeline is set with: ``conductor answer``, ``compare`` and ``headroom``
+    (each strategy or worker of those two is one answer run with these settings)."""
 
-    kind: ClassVar[Literal["answer"]] = "answer"
-
-    questions: str = Field(description="A JSONL/CSV/Parquet file (local or s3://) with id, question and optional "
-                           "answer; or dataset names with optional limits, e.g. gsm8k_test:10,mmlu_stem:10.")
-    out: str = Field(description="Output directory: lake/, answers.jsonl, summary.json, report/.")
     pool: str = Field(DEFAULT_POOL, description="Worker pool manifest (default: the embedded local pool).")
     conductor: ConductorSpecField = Field(AutoSpec(), description=(
         "Conductor policy: auto (the champion if one was promoted, else embedded), embedded, "
         "transformers:DIR[#FILE.gguf], llamacpp:FILE.gguf, vllm:MODEL, openai:MODEL@URL, or champion (the "
         "registry's); or a baseline strategy (docs/strategies.md): fixed:I, sc:I:K, moa:P1+P2+...:AGG, "
         "vote:P1+P2+..., random[:SEED[:MAX_STEPS]]."))
-    samples: int = Field(1, ge=1, description="Conductor samples per question.")
-    recursion_depth: int = Field(0, ge=0, description="Extra conductor rounds over its own answer.")
     limit: int | None = Field(None, ge=1, description="Answer only the first N questions.")
     shard_size: int = Field(5, ge=1, description="Questions per shard (the unit of resume).")
-    k: int | None = Field(None, ge=1, description="Show the conductor a random k-of-n sub-pool per question.")
     seed: int = Field(0, description="Seed of the sub-pool draws and the conductor's sampling.")
     temperature: float | None = Field(None, ge=0, description="Conductor sampling temperature (default: 0, greedy, "
                                       "for the untrained embedded conductor; 0.7 otherwise).")
-    max_tokens: int = Field(768, ge=16, description="Conductor completion limit.")
-    run_id: str | None = Field(None, description="Name the run (default: derived from the inputs, so reruns resume).")
+    max_tokens: int = Field(CONDUCTOR_MAX_TOKENS, ge=16, description="Conductor completion limit.")
     cache: str | None = Field(None, description="Response cache (SQLite); default OUT/cache.sqlite.")
     replay: bool = Field(False, description="Answer only from the cache; never call a provider.")
     lake: str | None = Field(None, description="Lake root for the trajectories: a local path or s3://bucket/prefix "
@@ -140,9 +152,30 @@ class AnswerConfig(RunConfig):
         "optionally :k."))
     constrained: bool | None = Field(None, description="Decode the conductor under the workflow grammar (default: "
                                      "on for the embedded conductor, off otherwise).")
-    max_steps: int = Field(5, ge=1, description="Most steps a workflow may have (the paper: 5).")
-    max_cost: float | None = Field(None, gt=0, description="Dollars per question: a step that would start once they "
-                                   "are spent is not run, and the answer is the last step that ran.")
+    max_steps: MaxSteps = Field(DEFAULT_MAX_STEPS, description="Most steps a workflow may have (the paper: 5).")
+
+    _setting_paths = field_validator("pool", "cache", "lake", mode="before")(
+        classmethod(lambda cls, v: expand_path(v)))
+
+    def answer_settings(self) -> dict[str, Any]:
+        """These settings as ``AnswerConfig`` fields (a compare or headroom run hands them to each answer run)."""
+        return {name: getattr(self, name) for name in AnswerSettings.model_fields}
+
+
+class AnswerConfig(AnswerSettings):
+    """``conductor answer``: a question set through the conductor and a worker pool, into the lake."""
+
+    kind: ClassVar[Literal["answer"]] = "answer"
+
+    questions: str = Field(description="A JSONL/CSV/Parquet file (local or s3://) with id, question and optional "
+                           "answer; or dataset names with optional limits, e.g. gsm8k_test:10,mmlu_stem:10.")
+    out: str = Field(description="Output directory: lake/, answers.jsonl, summary.json, report/.")
+    samples: int = Field(1, ge=1, description="Conductor samples per question.")
+    recursion_depth: int = Field(0, ge=0, description="Extra conductor rounds over its own answer.")
+    k: int | None = Field(None, ge=1, description="Show the conductor a random k-of-n sub-pool per question.")
+    run_id: str | None = Field(None, description="Name the run (default: derived from the inputs, so reruns resume).")
+    max_dollars: MaxDollars = Field(None, description="Dollars per question: a step that would start once "
+                                    "they are spent is not run, and the answer is the last step that ran.")
     retry_failed: bool = Field(True, description="Redo questions an earlier run of this command lost to "
                                "infrastructure failures (default), or keep them as they are.")
     batch: bool = Field(False, description="Send the OpenAI, Anthropic and Gemini workers' calls through their batch "
@@ -155,8 +188,7 @@ class AnswerConfig(RunConfig):
     show_progress: bool | None = Field(None, description="A progress bar (default: when the terminal is "
                                        "interactive); not a command-line option.")
 
-    _paths = field_validator("out", "pool", "cache", "lake", mode="before")(
-        classmethod(lambda cls, v: expand_path(v)))
+    _out_path = field_validator("out", mode="before")(classmethod(lambda cls, v: expand_path(v)))
 
     # The settings that change answers, in the order the settings key has always hashed them (so run ids and
     # trajectory ids stay what they were); the pool's identity and the checkpoint come first.
@@ -167,8 +199,8 @@ class AnswerConfig(RunConfig):
         """Hash of what defines the run's answers: the pool, the checkpoint and ``RUN_FIELDS`` (resolved:
         call it on the configuration ``prepare_answer`` returns). Not the limit, shard size, paths or modes."""
         settings = [pool.id, pool.fingerprint, checkpoint, *(getattr(self, f) for f in self.RUN_FIELDS)]
-        if self.max_cost is not None:    # appended only when set, so earlier run ids stay what they were
-            settings.append(["max_cost", self.max_cost])
+        if self.max_dollars is not None:   # appended only when set (under its first name, max_cost), so
+            settings.append(["max_cost", self.max_dollars])   # earlier run ids stay what they were
         return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def derive_run_id(self, key: str) -> str:
@@ -179,9 +211,85 @@ class AnswerConfig(RunConfig):
     def pipeline_settings(self) -> dict[str, Any]:
         """The ``RunSpec`` fields this configuration decides."""
         return {"samples": self.samples, "subpool_k": self.k, "seed": self.seed, "recursion_depth": self.recursion_depth,
-                "temperature": self.temperature, "max_tokens": self.max_tokens, "fewshot": str(self.fewshot),
+                "temperature": self.temperature, "max_tokens": self.max_tokens, "fewshot": self.fewshot,
                 "constrained": bool(self.constrained), "max_steps": self.max_steps,
-                "max_dollars_per_question": self.max_cost}
+                "budget": Budget(max_dollars=self.max_dollars)}
+
+
+class ScheduledAnswerConfig(AnswerConfig):
+    """The scheduled-answering deployment (flows/scheduled_answer.py): ``conductor answer`` into
+    ``OUT_ROOT/<scheduled date>/``, one directory per scheduled run, so each night is a run of its own."""
+
+    out_root: str = Field(description="Each scheduled run answers into OUT_ROOT/<scheduled date>/.")
+    out: str = Field("", description="Not set here: each run answers into OUT_ROOT/<scheduled date>/.")
+    # A deployment's runs sample at 0.7 whatever the conductor (as they always have): not answer's per-conductor
+    # default.
+    temperature: float | None = Field(0.7, ge=0, description="Conductor sampling temperature.")
+    secret_blocks: dict[str, str] | None = Field(None, description=(
+        "Provider key variables -> Prefect Secret block names, e.g. {OPENAI_API_KEY: openai-api-key} "
+        "(docs/operations.md: rotating keys)."))
+
+    _root_path = field_validator("out_root", mode="before")(classmethod(lambda cls, v: expand_path(v)))
+
+    def answer_config(self, out: str) -> AnswerConfig:
+        """The answer run of one scheduled night, into ``out``."""
+        fields = {name: getattr(self, name) for name in AnswerConfig.model_fields}
+        return AnswerConfig(**{**fields, "out": out, "show_progress": False})
+
+
+class _ReadOrRun(AnswerSettings):
+    """A command that runs strategies (each one answer run into a shared lake) or reads their runs back."""
+
+    out: str = Field(description="Output directory.")
+    lake: str | None = Field(None, description="Lake holding the runs (default OUT/lake); without QUESTIONS, "
+                             "the runs are read from it instead of run.")
+    runs: str | None = Field(None, description="Read mode: which runs, as LABEL=RUN_ID or RUN_ID, comma-separated "
+                             "(default: every answer run in --lake).")
+    cache: str | None = Field(None, description="One response cache for every run (default: one per run under "
+                              "OUT/runs/, so seconds per question are not flattered by another run's cached calls).")
+    seed: int = Field(0, description="Seeds the runs (sub-pools, sampling) and the bootstrap.")
+
+    _out_path = field_validator("out", mode="before")(classmethod(lambda cls, v: expand_path(v)))
+
+
+class CompareConfig(_ReadOrRun):
+    """``conductor compare``: the conductor and the baselines on one question set and pool, as the paper's table."""
+
+    questions: str | None = Field(None, description="Question set to run every strategy on (as for `conductor "
+                                  "answer`); leave out to read existing runs from --lake.")
+    out: str = Field(description="Output directory: compare.md, compare.json, compare.png, runs/, lake/.")
+    strategies: str = Field("conductor,fixed:*,random", description=(
+        "Comma-separated: conductor (the --conductor policy), fixed:I (fixed:* = every worker), sc:I:K, "
+        "moa:P1+P2+...:AGG, vote:P1+P2+..., random[:SEED[:MAX_STEPS]]."))
+    n_boot: int = Field(10_000, ge=100, description="Bootstrap resamples for the paired test.")
+
+
+class HeadroomConfig(_ReadOrRun):
+    """``conductor headroom``: can this pool be won at all (pool-bound), or did the router fail (router-bound)?
+    Each worker (or option) runs as an answer run with the ``AnswerSettings`` defaults."""
+
+    questions: str | None = Field(None, description="Question set to run every worker alone on (as for "
+                                  "`conductor answer`); leave out to read the single-worker runs from --lake.")
+    out: str = Field(description="Output directory: headroom.json, headroom.md, headroom.png (and runs/, lake/ "
+                     "when QUESTIONS is given).")
+    lake: str | None = Field(None, description="Lake holding the single-worker runs (fixed:i, as written by "
+                             "`conductor compare --strategies fixed:*`); default OUT/lake with QUESTIONS.")
+    runs: str | None = Field(None, description="Read mode: which runs, as LABEL=RUN_ID or RUN_ID, comma-separated "
+                             "(default: every answer run in --lake; the fixed:i ones are the workers).")
+    policy: str | None = Field(None, description="A run in the lake to place between the best single worker and "
+                               "the cross-fit oracle: its label (e.g. conductor) or run id.")
+    folds: int = Field(5, ge=2, description="Cross-fit folds.")
+    n_boot: int = Field(2000, ge=100, description="Bootstrap resamples over questions.")
+    seed: int = Field(0, description="Seeds the runs, the fold split and the bootstrap.")
+    margin: float = Field(0.01, ge=0, le=1, description="Any-correct gains whose 95% CI lower bound is at most "
+                          "this (accuracy, 0.01 = 1 point) are noise: pool-bound.")
+    alpha: float = Field(0.05, ge=0.0001, le=0.5, description="Significance level of the paired tests.")
+    # inf passes the model so the command names it (`--cost-weight inf: must be a finite number >= 0`)
+    cost_weight: float = Field(0.0, ge=0, allow_inf_nan=True, description="The cross-fit router's objective: "
+                               "accuracy minus this times dollars per question.")
+    options: str = Field("fixed:*", description="The options the router picks between: strategy specs, "
+                         "comma-separated (default fixed:*, every worker alone; e.g. a menu of workflows "
+                         "fixed:0,pot:0,chain:0:1,cascade:0+pot-0:0).")
 
 
 class RolloutConfig(RunConfig):
@@ -211,15 +319,15 @@ class RolloutConfig(RunConfig):
         "Conductor prompt and examples (as `conductor answer --fewshot`)."))
     limits: LimitsField | None = Field(None, description=(
         "Share provider limits with other processes: sqlite:PATH or prefect."))
-    max_cost: float | None = Field(None, gt=0, description="Dollars per question: steps past it are not run.")
+    max_dollars: MaxDollars = Field(None, description="Dollars per question: steps past it are not run.")
 
     _paths = field_validator("pool", "lake", mode="before")(classmethod(lambda cls, v: expand_path(v)))
 
     def pipeline_settings(self) -> dict[str, Any]:
         """The ``RunSpec`` fields this configuration decides."""
         return {"samples": self.group_size, "subpool_k": self.k, "seed": self.seed, "temperature": self.temperature,
-                "max_tokens": self.max_tokens, "recursion_depth": self.recursion_depth, "fewshot": str(self.fewshot),
-                "max_dollars_per_question": self.max_cost}
+                "max_tokens": self.max_tokens, "recursion_depth": self.recursion_depth, "fewshot": self.fewshot,
+                "budget": Budget(max_dollars=self.max_dollars)}
 
 
 class NightlyConfig(RunConfig):
@@ -299,7 +407,7 @@ class EvaluateConfig(RunConfig):
 
     _paths = field_validator("pool", "lake", "out", mode="before")(classmethod(lambda cls, v: expand_path(v)))
 
-    def rollout(self, spec: ConductorSpec | str, checkpoint_id: str, run_id: str, pool: str, k: int | None) -> RolloutConfig:
+    def rollout(self, spec: ConductorSpec, checkpoint_id: str, run_id: str, pool: str, k: int | None) -> RolloutConfig:
         """The evaluation run of one policy on one pool (``kind: eval``)."""
         return RolloutConfig(questions=self.questions, lake=self.lake, pool=pool, conductor=spec, run_id=run_id,
                              group_size=self.samples, k=k, seed=self.seed, temperature=self.temperature,
@@ -322,7 +430,7 @@ class TrainConfig(RunConfig):
                                        "(default: one per visible GPU under fsdp, else 1).")
     reference: str | None = Field(None, description="The policy KL is measured against or penalised to "
                                   "(default: base).")
-    tracking: dict[str, Any] | None = Field(None, description="MLflow settings: uri, experiment, and run_id or "
+    tracking: MLflowTracking | None = Field(None, description="MLflow settings: uri, experiment, and run_id or "
                                             "run_name.")
     step: int | None = Field(None, ge=0, description="The MLflow step the metrics are logged at (default: the "
                              "checkpoint's iteration).")

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from conductor.execution.executor import Budget
 from conductor.prompts import FewShotSpec, conductor_prompt
 from conductor.trajectory import Kind, Round, Trajectory, trajectory_id
 from conductor.workers.pool import Pool, SubPool
@@ -42,17 +43,19 @@ class RunSpec:
     recursion_depth: int = 0            # extra conductor rounds allowed after the first
     recursion_call_factor: float = 2.0  # total worker calls stay below factor x the first round's (paper: < 2x)
     max_steps: int = DEFAULT_MAX_STEPS
-    fewshot: str = "ood"                # a few-shot setting's canonical text (conductor.prompts.FewShotSpec)
+    fewshot: FewShotSpec = field(default_factory=lambda: FewShotSpec(policy="ood"))   # resolved: never auto
     constrained: bool = False           # decode under the workflow grammar (small untrained conductors)
     temperature: float = 1.0            # conductor sampling (paper: 1.0 for GRPO groups)
     max_tokens: int = 1024              # conductor completion limit (paper: 1024)
-    max_calls_per_question: int | None = None
-    max_dollars_per_question: float | None = None
-    max_seconds_per_question: float | None = None
+    budget: Budget = field(default_factory=Budget)   # per question: calls, dollars, seconds (None: unlimited)
     # When set (bulk answering), trajectory ids also hash the question's content and these settings, so a
     # rerun after an edit or a settings change recognises stale rows instead of keeping them.
     settings_key: str = ""
     date: str = field(default_factory=lambda: _dt.datetime.now(_dt.UTC).date().isoformat())
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.fewshot, FewShotSpec):   # a script's text (fewshot="none"): parsed once, here
+            object.__setattr__(self, "fewshot", FewShotSpec.parse(self.fewshot))
 
     @classmethod
     def of(cls, config: AnswerConfig | RolloutConfig, pool: Pool, checkpoint_id: str,
@@ -136,7 +139,7 @@ def _params_for(spec: RunSpec, question_id: str) -> GenerationParams:
     from conductor.decoding.grammar import workflow_grammar
 
     sub = spec.subpool_for(question_id)
-    plan = 0 if FewShotSpec.parse(spec.fewshot).policy == "informed" else 240   # informed examples: no plan line
+    plan = 0 if spec.fewshot.policy == "informed" else 240   # informed examples: no plan line
     return replace(params, grammar=workflow_grammar(len(sub), spec.max_steps, plan_chars=plan, tools=sub.tool_ordinals))
 
 
@@ -153,16 +156,13 @@ def execute(trajectories: list[Trajectory], spec: RunSpec, executor: Any,
 
     With ``spec.recursion_depth > 0`` and a policy, the conductor is called again on its own final answer.
     """
-    from conductor.execution.executor import Budget
     from conductor.execution.recursion import conductor_fn_from_backend, run_batch
 
     conductor_fn = (conductor_fn_from_backend(policy, replace(spec.generation_params(), seed=None))
                     if (policy is not None and spec.recursion_depth > 0) else None)
-    budget = Budget(max_calls=spec.max_calls_per_question, max_dollars=spec.max_dollars_per_question,
-                    max_seconds=spec.max_seconds_per_question)
     return run_batch(   # one event loop for the stage; its SDK clients are closed on it, not left to the GC
         trajectories, lambda t: spec.subpool_for(t.question_id), executor, on_done=on_done, conductor=conductor_fn,
-        max_depth=spec.recursion_depth, max_steps=spec.max_steps, budget=budget, call_factor=spec.recursion_call_factor)
+        max_depth=spec.recursion_depth, max_steps=spec.max_steps, budget=spec.budget, call_factor=spec.recursion_call_factor)
 
 
 def score(trajectories: list[Trajectory], questions: Sequence[Question], scheme: RewardScheme | None = None) -> list[Trajectory]:

@@ -244,7 +244,7 @@ def check_worker_options(manifest: Pool, source: str = "<pool>") -> None:
             raise UsageError(f"{source}: workers[{i}] ({w.name}).options.{where}: {err['msg']}") from None
 
 
-def check_k(k: int | None, manifest: Pool, conductor: ConductorSpec | str) -> None:
+def check_k(k: int | None, manifest: Pool, conductor: ConductorSpec) -> None:
     if k is None:
         return
     from conductor.policy.strategies import is_strategy
@@ -256,7 +256,7 @@ def check_k(k: int | None, manifest: Pool, conductor: ConductorSpec | str) -> No
         raise UsageError(f"--k {k}: strategy {str(conductor)!r} runs over the whole pool; drop --k")
 
 
-def check_conductor(spec: ConductorSpec | str, manifest: Pool, max_steps: int, flag: str = "--conductor") -> str:
+def check_conductor(spec: ConductorSpec, manifest: Pool, max_steps: int, flag: str = "--conductor") -> str:
     """The checkpoint id a conductor spec stands for, or UsageError: strategies are checked against the pool,
     ``champion`` needs a promoted champion, model specs need their files, packages and key variables."""
     from conductor.learning.registry import RegistryError
@@ -266,13 +266,11 @@ def check_conductor(spec: ConductorSpec | str, manifest: Pool, max_steps: int, f
         ChampionSpec,
         ConductorSpecError,
         StrategyBase,
-        as_conductor_spec,
     )
     from conductor.policy.strategies import check_strategy
     from conductor.run.runtime import checkpoint_of
 
     try:
-        spec = as_conductor_spec(spec)
         match spec:
             case StrategyBase():
                 check_strategy(spec, manifest, max_steps)

@@ -69,7 +69,7 @@ def registry_uri() -> str:
     return os.environ.get("CONDUCTOR_REGISTRY") or str(conductor_home() / "registry")
 
 
-def conductor_policy(spec: ConductorSpec | str, in_process: bool = False,
+def conductor_policy(spec: ConductorSpec, in_process: bool = False,
                      pool: Pool | None = None) -> tuple[PolicyBackend, str]:
     """(policy, checkpoint id) for a conductor spec.
 
@@ -86,10 +86,8 @@ def conductor_policy(spec: ConductorSpec | str, in_process: bool = False,
         EmbeddedSpec,
         StrategyBase,
         TransformersSpec,
-        as_conductor_spec,
     )
 
-    spec = as_conductor_spec(spec)
     match spec:
         case StrategyBase():
             from conductor.policy.strategies import StrategyError, make_strategy, strategy_pool
@@ -188,11 +186,10 @@ class LoadOnUse:
         _close(loaded)
 
 
-def checkpoint_of(spec: ConductorSpec | str) -> str:
+def checkpoint_of(spec: ConductorSpec) -> str:
     """The checkpoint a conductor spec stands for right now, without loading anything (run ids use it)."""
-    from conductor.policy.spec import AutoSpec, ChampionSpec, EmbeddedSpec, as_conductor_spec
+    from conductor.policy.spec import AutoSpec, ChampionSpec, EmbeddedSpec
 
-    spec = as_conductor_spec(spec)
     match spec:
         case AutoSpec() | ChampionSpec():
             _, entry = _champion(spec)
@@ -209,26 +206,26 @@ def registry_of(spec: AutoSpec | ChampionSpec) -> str:
     return getattr(spec, "registry", None) or registry_uri()
 
 
-def _champion(spec: AutoSpec | ChampionSpec | str) -> tuple[str, Any]:
+def _champion(spec: AutoSpec | ChampionSpec) -> tuple[str, Any]:
     """(registry URI, champion entry or None) for ``auto`` / ``champion[@URI]``; a missing registry has none."""
     import fsspec
 
     from conductor.learning.registry import Registry
-    from conductor.policy.spec import as_conductor_spec
 
-    uri = registry_of(as_conductor_spec(spec))  # type: ignore[arg-type]
+    uri = registry_of(spec)
     fs, path = fsspec.core.url_to_fs(uri)
     return uri, (Registry.open(uri).champion if fs.exists(path) else None)
 
 
 @contextlib.contextmanager
-def serving(manifest: Pool, conductor: ConductorSpec | str = "auto", bind_as_worker: bool = True) -> Iterator[Live]:
-    """Start what the run needs; stop all of it on exit, even after an error or Ctrl-C."""
+def serving(manifest: Pool, conductor: ConductorSpec | None = None, bind_as_worker: bool = True) -> Iterator[Live]:
+    """Start what the run needs (for ``conductor``, default auto); stop all of it on exit, even after an error or
+    Ctrl-C."""
     from conductor.local.servers import EmbeddedServers, embedded_models, resolve_embedded
-    from conductor.policy.spec import as_conductor_spec
+    from conductor.policy.spec import AutoSpec
     from conductor.policy.strategies import strategy_pool
 
-    conductor = as_conductor_spec(conductor)
+    conductor = AutoSpec() if conductor is None else conductor
     manifest = strategy_pool(conductor, manifest)   # self-consistency brings its own vote worker
     with contextlib.ExitStack() as stack:
         servers = stack.enter_context(EmbeddedServers())
@@ -264,7 +261,7 @@ def _close_executors(live: Live) -> None:
 _SHARED: dict[tuple[str, ConductorSpec], tuple[contextlib.ExitStack, Live]] = {}
 
 
-def shared_live(manifest: Pool, conductor: ConductorSpec | str) -> Live:
+def shared_live(manifest: Pool, conductor: ConductorSpec) -> Live:
     """A per-process ``serving`` kept open for the life of the process.
 
     Shard tasks on a Dask/Ray worker build their own runtime from plain specs (a
@@ -272,9 +269,6 @@ def shared_live(manifest: Pool, conductor: ConductorSpec | str) -> Live:
     """
     import atexit
 
-    from conductor.policy.spec import as_conductor_spec
-
-    conductor = as_conductor_spec(conductor)
     key = (manifest.fingerprint, conductor)
     if key not in _SHARED:
         stack = contextlib.ExitStack()

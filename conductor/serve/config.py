@@ -1,63 +1,83 @@
-"""What a ``conductor serve`` process is configured with (CLI options map one to one).
+"""What a ``conductor serve`` process is configured with: a run configuration (conductor/run/config.py).
 
-A pydantic dataclass: the conductor spec, the few-shot setting and the limits store are parsed once, here, into
-the same types the run configurations hold (conductor/policy/spec.py, conductor/prompts.py,
-conductor/execution/shared_limits.py); a bad one fails at construction with the field named.
+The command's options are generated from these fields, as ``conductor answer``'s are from ``AnswerConfig``
+(conductor/cli/run_options.py); the fields a command line does not set are the server's tuning, set by a
+``--config`` file or by the code that builds the server. The conductor spec, the few-shot setting and the limits
+store are parsed once, here, into the same types the run configurations hold (conductor/policy/spec.py,
+conductor/prompts.py, conductor/execution/shared_limits.py); a bad one fails at construction with the field named.
 """
 
 from __future__ import annotations
 
-from dataclasses import field
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator
-from pydantic.dataclasses import dataclass
 
 from conductor.execution.shared_limits import LimitsField
 from conductor.policy.spec import AutoSpec, ConductorSpecField
 from conductor.prompts import FewShotField, FewShotSpec
+from conductor.run.config import CONDUCTOR_MAX_TOKENS, MaxDollars, MaxSteps, RunConfig
+from conductor.workflow import DEFAULT_MAX_STEPS
 
 # Every number is checked here, so `serve --max-cost nan` or `--key-concurrency 0` is one error line at start,
-# never a server that ignores a budget or refuses every request: finite, and positive where 0 means nothing.
-Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+# never a server that ignores a budget or refuses every request: finite (RunConfig), and positive where 0 means
+# nothing.
+Positive = Annotated[float, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0)]
 Count = Annotated[int, Field(ge=1)]
-Temperature = Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)]
+
+# The fields only a configuration file (or the code that builds a server) sets: not command-line options.
+TUNING = ("lake_batch", "lake_flush_s", "api_keys_env", "max_body_bytes", "max_n", "constrained", "temperature",
+          "conductor_max_tokens", "request_timeout_s", "batch_window_ms", "max_batch")
 
 
-@dataclass
-class ServeConfig:
-    pool: str                                   # pool manifest the conductor runs over (named in /v1/models)
-    conductor: ConductorSpecField = field(default_factory=AutoSpec)   # untrained default when no champion
-    registry: str | None = None                 # champion registry (default: $CONDUCTOR_REGISTRY / CONDUCTOR_HOME)
-    reload_s: NonNegative = 2.0                 # how often the champion alias is re-read (0: never)
-    lake: str | None = None                     # served traffic goes here (None: not recorded)
-    store_text: bool = False                    # keep the user's text in the lake (else redacted)
-    lake_batch: Count = 256                     # rows per lake shard at most
-    lake_flush_s: Positive = 5.0                # a shard is written at least this often while traffic flows
-    run_id: str | None = None                   # lake run id (default: served-<UTC date>)
-    limits: LimitsField | None = None           # where the worker rate limits live: local | sqlite:PATH | prefect
-    cache: str | None = None                    # optional response cache (sqlite path)
-    api_keys_env: str = "CONDUCTOR_SERVE_API_KEYS"   # NAME of the variable holding keys (name=key,...)
-    keys_file: str | None = None                # lines "name sha256:<hex>" (hashed keys)
-    key_rpm: Positive | None = 600.0            # requests per minute per API key (None: unlimited)
-    key_concurrency: Count = 64                 # requests in flight per API key
-    client_limits: str | None = None            # store for the per-key limits (local | sqlite:PATH), shared by replicas
-    max_input_chars: Count = 32_000             # longer inputs are refused (context_length_exceeded)
-    max_body_bytes: Count = 1_000_000           # larger request bodies are refused (413)
-    max_n: Count = 8                            # most choices per request
-    max_steps: Count = 5                        # longest workflow the conductor may write
-    recursion_depth: Annotated[int, Field(ge=0)] = 0   # extra conductor rounds (paper's recursive test-time scaling)
-    fewshot: FewShotField = field(default_factory=lambda: FewShotSpec(policy="auto"))   # auto: informed
-                                                # for the untrained embedded conductor, else ood
-    constrained: bool | None = None             # workflow grammar; None: on for the embedded conductor
-    temperature: Temperature = 0.0              # the conductor's default sampling temperature
-    conductor_max_tokens: Annotated[int, Field(ge=16)] = 768   # the conductor's completion limit (as `answer`)
-    max_cost: Positive | None = None            # server-wide dollar cap per request (a request may lower it)
-    request_timeout_s: Positive = 600.0         # a workflow running longer fails with a timeout
-    batch_window_ms: NonNegative = 2.0          # conductor generations arriving this close together share a batch
-    max_batch: Count = 64                       # prompts per conductor batch
-    extra: dict[str, str] = field(default_factory=dict)
+class ServeConfig(RunConfig):
+    """``conductor serve``: the conductor behind an OpenAI-compatible HTTP API (docs/serving.md)."""
+
+    pool: str = Field(description="Pool manifest the conductor runs over.")
+    conductor: ConductorSpecField = Field(AutoSpec(), description=(
+        "The default when the registry has no champion: auto (embedded), a policy spec, or a strategy such as "
+        "fixed:0."))
+    registry: str | None = Field(None, description="Champion registry (default $CONDUCTOR_REGISTRY).")
+    reload_s: NonNegative = Field(2.0, description="Re-read the champion this often (0: never).")
+    lake: str | None = Field(None, description="Write served traffic here (kind=served).")
+    store_text: bool = Field(False, description="Keep the user's text in the lake.")
+    lake_batch: Count = Field(256, description="Rows per lake shard at most.")
+    lake_flush_s: Positive = Field(5.0, description="A shard is written at least this often while traffic flows.")
+    run_id: str | None = Field(None, description="Lake run id of served rows (default served-<UTC date>).")
+    limits: LimitsField | None = Field(None, description="Worker rate limits: local, sqlite:PATH or prefect.")
+    cache: str | None = Field(None, description="Response cache (SQLite path).")
+    api_keys_env: str = Field("CONDUCTOR_SERVE_API_KEYS", description="NAME of the variable holding keys "
+                              "(name=key,...).")
+    keys_file: str | None = Field(None, description="Lines 'NAME sha256:<hex>' (hashed API keys).")
+    key_rpm: Positive | None = Field(600.0, description="Requests per minute per API key (0: unlimited).")
+    key_concurrency: Count = Field(64, description="Requests in flight per API key.")
+    client_limits: str | None = Field(None, description="Per-key limits store shared by replicas: local or "
+                                      "sqlite:PATH.")
+    max_input_chars: Count = Field(32_000, description="Longer inputs are refused (context_length_exceeded).")
+    max_body_bytes: Count = Field(1_000_000, description="Larger request bodies are refused (413).")
+    max_n: Count = Field(8, description="Most choices per request.")
+    max_steps: MaxSteps = Field(DEFAULT_MAX_STEPS, description="Longest workflow the conductor may write.")
+    recursion_depth: int = Field(0, ge=0, description="Extra conductor rounds (the paper's recursive test-time "
+                                 "scaling).")
+    fewshot: FewShotField = Field(FewShotSpec(policy="auto"), description="Conductor prompt examples (auto: as "
+                                  "`answer`: informed for the untrained embedded conductor, else ood).")
+    constrained: bool | None = Field(None, description="Workflow grammar (default: on for the embedded conductor).")
+    temperature: float = Field(0.0, ge=0, le=2, description="The conductor's default sampling temperature.")
+    conductor_max_tokens: int = Field(CONDUCTOR_MAX_TOKENS, ge=16, description="The conductor's completion limit "
+                                      "(as `answer`).")
+    max_dollars: MaxDollars = Field(None, description="Dollar cap per request (requests may lower it).")
+    request_timeout_s: Positive = Field(600.0, description="A workflow running longer fails with a timeout.")
+    batch_window_ms: NonNegative = Field(2.0, description="Conductor generations arriving this close together "
+                                         "share a batch.")
+    max_batch: Count = Field(64, description="Prompts per conductor batch.")
+    extra: dict[str, str] = Field(default_factory=dict, description="Free-form settings for extensions.")
+
+    @field_validator("key_rpm", mode="before")
+    @classmethod
+    def _unlimited(cls, v: Any) -> Any:
+        """``--key-rpm 0`` means no per-key rate limit."""
+        return None if v == 0 else v
 
     @field_validator("run_id")
     @classmethod

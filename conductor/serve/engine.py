@@ -53,7 +53,7 @@ class Model:
     """One loaded conductor: its policy, the pool it runs over, and how many requests use it right now."""
 
     checkpoint_id: str
-    spec: ConductorSpec | str
+    spec: ConductorSpec
     policy: PolicyBackend
     pool: Pool
     strategy: bool                     # writes workflows without a model: generated inline, no batching
@@ -191,11 +191,14 @@ def _settings_key(spec: RunSpec) -> tuple[Hashable, ...]:
             spec.max_steps, spec.constrained, spec.fewshot)
 
 
-def policy_spec_of(entry: CheckpointEntry) -> str:
+def policy_spec_of(entry: CheckpointEntry) -> ConductorSpec:
     """The policy spec a registry checkpoint is served with: its lineage's ``policy_spec`` when it names one
-    (a strategy, an endpoint, a GGUF file), else the trained checkpoint directory through transformers."""
+    (a strategy, an endpoint, a GGUF file; parsed here, where it is read), else the trained checkpoint directory
+    through transformers."""
+    from conductor.policy.spec import TransformersSpec, parse_conductor_spec
+
     spec = (entry.lineage or {}).get("policy_spec") if hasattr(entry, "lineage") else None
-    return spec if isinstance(spec, str) and spec else f"transformers:{entry.uri}"
+    return parse_conductor_spec(spec) if isinstance(spec, str) and spec else TransformersSpec(path=entry.uri)
 
 
 class ServeEngine:
@@ -222,14 +225,14 @@ class ServeEngine:
     # ------------------------------------------------------------------ life cycle
     def start(self) -> None:
         """Load the pool, start what it needs (embedded servers), the default conductor and the executor."""
-        from conductor.policy.spec import AutoSpec
+        from conductor.policy.spec import AutoSpec, EmbeddedSpec
         from conductor.run.runtime import registry_uri, serving
         from conductor.workers.pool import load_pool
 
         cfg = self.config
         manifest = load_pool(cfg.pool)
         self.registry_uri = cfg.registry or registry_uri()
-        default_spec = "embedded" if isinstance(cfg.conductor, AutoSpec) else cfg.conductor
+        default_spec = EmbeddedSpec() if isinstance(cfg.conductor, AutoSpec) else cfg.conductor
         stack = contextlib.ExitStack()
         try:
             self.live = live = stack.enter_context(serving(manifest, conductor=default_spec))
@@ -275,7 +278,7 @@ class ServeEngine:
             self._stack = None
 
     # ------------------------------------------------------------------ models
-    def _model(self, policy: PolicyBackend, checkpoint_id: str, spec: ConductorSpec | str) -> Model:
+    def _model(self, policy: PolicyBackend, checkpoint_id: str, spec: ConductorSpec) -> Model:
         from conductor.policy.strategies import is_strategy, strategy_pool
 
         strategy = is_strategy(spec)
@@ -291,10 +294,11 @@ class ServeEngine:
     def _champion_entry(self) -> tuple[bool, CheckpointEntry | None]:
         """(readable, the registry's champion or None). An unreadable registry is not "no champion": the
         caller keeps what it serves, and ``registry_error`` says why until a read succeeds (``/health``)."""
+        from conductor.policy.spec import ChampionSpec
         from conductor.run.runtime import _champion
 
         try:
-            entry = _champion(f"champion@{self.registry_uri}")[1]
+            entry = _champion(ChampionSpec(registry=self.registry_uri))[1]
         except Exception as e:  # noqa: BLE001 - an unreadable registry keeps the current model serving
             self.registry_error = redact(f"{type(e).__name__}: {e}")
             log.warning("registry %s: cannot read the champion, still serving %s: %s", self.registry_uri,
@@ -409,6 +413,8 @@ class ServeEngine:
         WHY two parts: what depends only on the model and the controls (the sub-pool, the strategy check, the
         few-shot text, the grammar switch) is worked out once per shape and kept on the model; each request
         only fills in its own sampling, budget and date."""
+        from conductor.execution.executor import Budget
+
         c = req.controls
         max_steps = min(self.config.max_steps, c.max_steps or self.config.max_steps)
         key = (None if c.workers is None else tuple(c.workers), tuple(c.exclude_workers), max_steps)
@@ -418,15 +424,14 @@ class ServeEngine:
             if len(model.specs) >= SPEC_CACHE_MAX:
                 model.specs.clear()
             model.specs[key] = base
-        caps = [cap for cap in (self.config.max_cost, c.max_cost) if cap is not None]
+        caps = [cap for cap in (self.config.max_dollars, c.max_cost) if cap is not None]
         date = time.strftime("%Y-%m-%d", time.gmtime())
         return replace(base, run_id=self.config.run_id or f"served-{date}", samples=req.n, seed=req.seed or 0,
                        temperature=self.config.temperature if req.temperature is None else float(req.temperature),
-                       max_dollars_per_question=min(caps) if caps else None, date=date)
+                       budget=Budget(max_dollars=min(caps) if caps else None), date=date)
 
     def _base_spec(self, model: Model, workers: list[str] | None, exclude: list[str], max_steps: int) -> RunSpec:
         from conductor.policy.strategies import StrategyError, check_strategy, strategy_pool
-        from conductor.prompts import resolve_fewshot
         from conductor.run.pipeline import RunSpec
 
         cfg = self.config
@@ -449,7 +454,7 @@ class ServeEngine:
                                    f"and {max_steps} steps)", "conductor")
         return RunSpec(run_id="", kind="served", pool=pool, checkpoint_id=model.checkpoint_id,
                        recursion_depth=cfg.recursion_depth, max_steps=max_steps,
-                       fewshot=resolve_fewshot(cfg.fewshot, is_embedded_checkpoint(model.checkpoint_id)),
+                       fewshot=cfg.fewshot.resolved(is_embedded_checkpoint(model.checkpoint_id)),
                        constrained=(is_embedded_checkpoint(model.checkpoint_id) if cfg.constrained is None
                                     else cfg.constrained),
                        max_tokens=cfg.conductor_max_tokens)
@@ -491,7 +496,7 @@ class ServeEngine:
                     raise upstream(f"the conductor ({model.checkpoint_id}) failed to write a workflow") from None
                 conductor = (conductor_fn_from_backend(model.policy, replace(spec.generation_params(), seed=None))
                              if spec.recursion_depth > 0 and not model.strategy else None)
-                cap = spec.max_dollars_per_question      # the request's: split evenly among its n choices
+                cap = spec.budget.max_dollars      # the request's: split evenly among its n choices
                 budget = Budget(max_dollars=None if cap is None else cap / max(1, len(trajs)))
                 if self.executor is None:
                     raise RuntimeError("ServeEngine: start() has not run")

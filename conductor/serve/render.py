@@ -117,7 +117,7 @@ def trace(out: Outcome) -> dict[str, Any]:
                         "conductor_seconds": round(t.conductor_s, 4)})
     sub = out.trajectories[0].subpool if out.trajectories else []
     return {"request_id": out.request_id, "checkpoint": out.model.checkpoint_id, "pool": out.spec.pool.id,
-            "workers": sub, "max_steps": out.spec.max_steps, "max_cost": out.spec.max_dollars_per_question,
+            "workers": sub, "max_steps": out.spec.max_steps, "max_cost": out.spec.budget.max_dollars,
             "choices": choices}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from conductor.files import atomic_write_text, save_figure
@@ -115,7 +116,7 @@ def _f(v: Any) -> str:
     return "" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))
 
 
-def _pyplot():
+def _pyplot() -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")
