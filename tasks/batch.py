@@ -13,7 +13,7 @@ from conductor.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from conductor.execution.batch.executor import BatchExecutor
-    from conductor.policy.base import PolicyBackend
+    from conductor.generation import PolicyBackend
     from conductor.run.pipeline import RunSpec
 
 

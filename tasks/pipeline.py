@@ -22,8 +22,8 @@ from tasks.lake import committed_task, write_shard_task
 if TYPE_CHECKING:
     from conductor.data.questions import Question
     from conductor.execution.executor import Executor
+    from conductor.generation import PolicyBackend
     from conductor.grading.reward import RewardScheme
-    from conductor.policy.base import PolicyBackend
 
 
 @task(name="plan-shard", cache_policy=NONE)

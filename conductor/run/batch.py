@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from conductor.execution.batch.executor import BatchExecutor
 
 if TYPE_CHECKING:
-    from conductor.policy.base import PolicyBackend
+    from conductor.generation import PolicyBackend
     from conductor.run.pipeline import RunSpec
     from conductor.trajectory import Trajectory
 
