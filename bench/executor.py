@@ -47,15 +47,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from conductor.execution.executor import Executor  # noqa: E402
-from conductor.execution.ratelimit import RateLimiter  # noqa: E402
-from conductor.execution.recursion import execute_batch  # noqa: E402
-from conductor.execution.shared_limits import open_shared  # noqa: E402
-from conductor.trajectory import Round, Trajectory  # noqa: E402
-from conductor.workers.pool import Pool, Worker  # noqa: E402
-from conductor.workers.providers.base import Message, make_provider  # noqa: E402
+from conductor.execution.executor import Executor
+from conductor.execution.ratelimit import RateLimiter
+from conductor.execution.recursion import execute_batch
+from conductor.execution.shared_limits import open_shared
+from conductor.trajectory import Round, Trajectory
+from conductor.workers.pool import Pool, Worker
+from conductor.workers.providers.base import Message, make_provider
 
 WF = ("model_id = [0, 0, 0]\nsubtasks = [\"Solve the problem.\", \"Solve it another way.\", "
       "\"Compare both attempts and give the final answer.\"]\naccess_list = [[], [], [\"all\"]]")

@@ -1,5 +1,5 @@
-"""The interleaved A/B of bench/serve.py: the same chat completions sent directly to the provider emulator and
-through a gateway in front of it (`conductor serve`, and LiteLLM's proxy when installed), one request at a time,
+"""A gateway's overhead, measured by an interleaved A/B (``bench/serve.py`` step 3): the same chat completions sent
+directly to the provider emulator and through a gateway in front of it (`conductor serve`, and LiteLLM's proxy when installed), one request at a time,
 alternating, many rounds; overhead = a gateway's round median minus the direct round median, reported at its
 median over rounds (the "median of round medians" of independent gateway comparisons). Sequential requests
 from one client keep the client's own CPU and any queueing out of the difference; both paths pay it equally.
