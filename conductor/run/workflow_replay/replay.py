@@ -11,7 +11,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -97,11 +97,11 @@ def replay_strategy(spec: str, workflow: Workflow, pool: Pool, questions: Sequen
     from conductor.run.shards import run_shard
 
     run = RunSpec(run_id=f"replay-{spec}", kind="eval", pool=pool, checkpoint_id=spec, max_steps=max(1, len(workflow)))
-    ex = Executor(cache=ResponseCache(cache, mode="replay"))
+    recording = ResponseCache(cache, mode="replay")
     try:
-        return _outcomes(run_shard(questions, run, FixedWorkflowPolicy(workflow, name=spec), ex))
+        return _outcomes(run_shard(questions, run, FixedWorkflowPolicy(workflow, name=spec), Executor(cache=recording)))
     finally:
-        ex.cache.close()
+        recording.close()
 
 
 def replay_default(questions: Sequence[Question], cache: Path, out: Path, per_second: float) -> dict[str, Outcome]:
@@ -142,9 +142,6 @@ def outcomes_of(state: dict[str, Any], key: str) -> dict[str, Outcome]:
     return {q: Outcome(**o) for q, o in state.get(key, {}).items()}
 
 
-Replayer = Callable[[Sequence["Question"]], dict[str, Outcome]]
-
-
 def measure_all(s: ReplaySettings, questions: Sequence[Question], state: dict[str, Any], state_path: Path,
                 recorded_now: int) -> dict[str, dict[str, Outcome]]:
     """Every menu entry, the default, the hybrid cascade, GPT-4 and Mixtral alone, replayed (resumable per key;
@@ -152,25 +149,29 @@ def measure_all(s: ReplaySettings, questions: Sequence[Question], state: dict[st
     from conductor.policy.menu import WorkflowMenu
     from conductor.policy.strategies import make_strategy, strategy_pool
     from conductor.workers.pool import load_pool
+    from conductor.workflow import Workflow
 
     hybrid = load_pool(HYBRID_POOL)
     local = priced_local(hybrid)
     menu = WorkflowMenu.parse(list(MENU), local)
     cache = Path(s.cache)
-    todo: list[tuple[str, Replayer]] = [
-        (e.spec, lambda qs, e=e: replay_strategy(e.spec, e.workflow, menu.pool, qs, cache)) for e in menu.entries]
+    # (key, workflow, pool, questions): the menu's entries on every question, the hybrid ones on GSM8K only
+    todo: list[tuple[str, Workflow, Pool, Sequence[Question]]] = [
+        (e.spec, e.workflow, menu.pool, questions) for e in menu.entries]
     gsm = [q for q in questions if q.domain == "math"]
     for spec in (HYBRID_CASCADE, GPT4, MIXTRAL):
         pool = strategy_pool(spec, hybrid)
         wf = make_strategy(spec, pool).workflow
-        todo.append((spec, lambda qs, spec=spec, pool=pool, wf=wf: replay_strategy(spec, wf, pool, gsm, cache)))
+        if not isinstance(wf, Workflow):       # a fixed spec: its workflow does not depend on the question
+            raise TypeError(f"{spec}: not a fixed workflow")
+        todo.append((spec, wf, pool, gsm))
     per_second = hybrid.workers[0].price.per_second
     fresh = state.get("n_questions") != len(questions) or state.get("n_recorded") != recorded_now
-    for key, run in todo:
+    for key, wf, pool, qs in todo:
         if key in state and not fresh:
             continue
         t0 = time.perf_counter()
-        rows = run(questions)
+        rows = replay_strategy(key, wf, pool, qs, cache)
         state[key] = {q: dataclasses.asdict(o) for q, o in rows.items()}
         print(f"  replayed {key}: {sum(not o.infra for o in rows.values())} of {len(rows)} questions recorded "
               f"({time.perf_counter() - t0:.1f} s)", flush=True)
@@ -184,7 +185,7 @@ def measure_all(s: ReplaySettings, questions: Sequence[Question], state: dict[st
               f"questions recorded ({time.perf_counter() - t0:.1f} s)", flush=True)
     state["n_questions"], state["n_recorded"] = len(questions), recorded_now
     save_state(state_path, state)
-    return {k: outcomes_of(state, k) for k in [*(key for key, _ in todo), "default"]}
+    return {k: outcomes_of(state, k) for k in [*(key for key, *_ in todo), "default"]}
 
 
 def recorded(results: dict[str, dict[str, Outcome]], questions: Sequence[Question]) -> list[Question]:
@@ -228,7 +229,8 @@ def train_menu(s: ReplaySettings, menu: WorkflowMenu, train: Sequence[Question],
         return MenuBackend(policy, menu)
     trainer, policy = make_choice_conductor(cs)
     backend = MenuBackend(policy, menu)
-    ex = Executor(cache=ResponseCache(Path(s.cache), mode="replay"), shared_samples=True)
+    recording = ResponseCache(Path(s.cache), mode="replay")
+    ex = Executor(cache=recording, shared_samples=True)
     steps = max(len(e.workflow) for e in menu.entries)
 
     def rollout(qs: Sequence[Question], run_id: str, samples: int, seed: int) -> list[Trajectory]:
@@ -245,7 +247,7 @@ def train_menu(s: ReplaySettings, menu: WorkflowMenu, train: Sequence[Question],
                            choices=menu.shares)
     print(f"  trained lambda={cost_lambda:g}: {s.iterations} iterations in {time.perf_counter() - t0:.0f} s", flush=True)
     trainer.save(str(model_dir), checkpoint_id=f"workflow-menu-l{cost_lambda:g}", overwrite=True)
-    ex.cache.close()
+    recording.close()
     return backend
 
 
