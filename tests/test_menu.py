@@ -50,7 +50,7 @@ def test_bad_menus_are_refused_with_the_entry_named(specs: str, needle: str) -> 
 
 def _backend(tmp_path: Path, m: WorkflowMenu) -> MenuBackend:
     pytest.importorskip("transformers")
-    from conductor.policy.prefill import PrefilledBackend, IndexConstraint
+    from conductor.policy.prefill import IndexConstraint, PrefilledBackend
     from conductor.policy.transformers_backend import TransformersBackend
     from grpo_fixtures import tiny_checkpoint
 

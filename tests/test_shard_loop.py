@@ -167,11 +167,11 @@ def test_a_greedy_call_is_one_reply_for_every_sample(tmp_path):
     assert stats["calls"] == 1 and stats["cache_hits"] == 3
 
 
-def test_the_routing_prefill_writes_only_a_worker_index_and_keeps_the_prefix_in_the_tokens(tmp_path):
+def test_the_one_step_prefill_writes_only_a_worker_index_and_keeps_the_prefix_in_the_tokens(tmp_path):
     pytest.importorskip("transformers")
     from conductor.parser import parse_workflow
     from conductor.policy.base import GenerationParams
-    from conductor.policy.prefill import ONE_STEP_PREFILL, PrefilledBackend, IndexConstraint
+    from conductor.policy.prefill import ONE_STEP_PREFILL, IndexConstraint, PrefilledBackend
     from conductor.policy.transformers_backend import TransformersBackend
     from conductor.workflow import Workflow
     from grpo_fixtures import tiny_checkpoint

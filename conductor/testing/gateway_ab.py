@@ -60,8 +60,10 @@ def wait_up(url: str, proc: subprocess.Popen[bytes], what: str, timeout: float =
     raise RuntimeError(f"{what} did not come up within {timeout:g} s")
 
 
-def start_emulator(port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "conductor.testing.emulator", "--port", str(port)],
+def start_emulator(port: int, *options: str) -> subprocess.Popen[bytes]:
+    """The provider emulator in its own process on ``port`` (``options``: its command line, e.g. ``--latency``),
+    returned once it answers."""
+    proc = subprocess.Popen([sys.executable, "-m", "conductor.testing.emulator", "--port", str(port), *options],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_up(f"http://127.0.0.1:{port}/v1/models", proc, "the emulator", 60)
     return proc
