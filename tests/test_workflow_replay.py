@@ -276,12 +276,9 @@ def test_grpo_over_the_menu_trains_on_replayed_rollouts_only(recorded, tmp_path)
     """Rollouts through the shard loop over the recording (the emulator is gone: a model call would fail),
     scored, and one GRPO step per iteration with the cost objective; the menu's choices are read back."""
     pytest.importorskip("transformers")
-    import sys
-
-    sys.path.insert(0, str(ROOT / "tests"))
     from conductor.learning.choice import ChoiceSettings, make_choice_conductor, train_choice_conductor
     from conductor.policy.menu import MENU_PREFILL, MenuBackend
-    from grpo_fixtures import tiny_checkpoint
+    from tests.grpo_fixtures import tiny_checkpoint
 
     menu, cache, *_ = recorded
     s = ChoiceSettings(n_workers=len(menu), iterations=2, lr=1e-3, group_size=4, prefill=MENU_PREFILL,
