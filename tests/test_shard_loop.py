@@ -1,7 +1,7 @@
 """The one shard loop (conductor/run/shards.py) with its plain stages, no Prefect: commits, the handling of a
 failing conductor, rows kept in memory, simulated workers told their gold by the loop (not by the execute
 stage); the fan-out task running the same loop; and the library code the benches use (greedy executor,
-routing prefill)."""
+one-step prefill)."""
 
 from __future__ import annotations
 

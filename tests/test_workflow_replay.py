@@ -401,3 +401,15 @@ def test_a_choice_conductor_with_inconsistent_settings_raises_instead_of_exiting
 
     with pytest.raises(ChoiceSettingsError, match="prefill"):
         make_choice_conductor(ChoiceSettings(n_workers=3, prefill=""), str(tiny_checkpoint(tmp_path / "tiny")))
+
+
+@pytest.mark.parametrize("args, needle", [(["--lambdas", "abc"], "--lambdas"), (["--group-size", "1"], "--group-size"),
+                                          (["--lr", "0"], "--lr")])
+def test_the_bench_refuses_a_bad_replay_option_with_one_line_and_exit_2(args, needle, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, str(ROOT / "bench/workflow_replay.py"), "replay", *args,
+                        "--state", str(tmp_path / "state")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert needle in r.stderr.strip().splitlines()[-1] and not (tmp_path / "state").exists()
