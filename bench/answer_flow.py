@@ -56,7 +56,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 BIG = "qwen2.5-coder-1.5b-instruct"
 
 

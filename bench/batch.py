@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 CONDUCTOR = "bench-conductor"
 WORKFLOWS = [   # paper pool ordinals: 0 gpt-5, 1 gemini-2.5-pro, 2 claude-sonnet-4, 3..6 open models on vLLM

@@ -39,7 +39,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,24 +46,18 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from conductor.execution.executor import Executor  # noqa: E402
-from conductor.execution.ratelimit import RateLimiter  # noqa: E402
-from conductor.execution.recursion import execute_batch  # noqa: E402
-from conductor.execution.shared_limits import open_shared  # noqa: E402
-from conductor.trajectory import Round, Trajectory  # noqa: E402
-from conductor.workers.pool import Pool, Worker  # noqa: E402
-from conductor.workers.providers.base import Message, make_provider  # noqa: E402
+from conductor.execution.executor import Executor
+from conductor.execution.ratelimit import RateLimiter
+from conductor.execution.recursion import execute_batch
+from conductor.execution.shared_limits import open_shared
+from conductor.testing.gateway_ab import start_emulator as start_emulator_process
+from conductor.testing.simulated_load import free_port
+from conductor.trajectory import Round, Trajectory
+from conductor.workers.pool import Pool, Worker
+from conductor.workers.providers.base import Message, make_provider
 
 WF = ("model_id = [0, 0, 0]\nsubtasks = [\"Solve the problem.\", \"Solve it another way.\", "
       "\"Compare both attempts and give the final answer.\"]\naccess_list = [[], [], [\"all\"]]")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str) -> dict:
@@ -79,24 +72,9 @@ def _post(url: str, body: dict) -> dict:
 
 
 def start_emulator(latency: float, rpm: float | None) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "conductor.testing.emulator", "--port", str(port), "--latency", str(latency)]
-    if rpm:
-        cmd += ["--rpm", str(rpm), "--rpm-burst", "2"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            cwd=str(Path(__file__).resolve().parent.parent))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            _get(url + "/_emulator/stats")
-            return proc, url
-        except OSError:
-            if proc.poll() is not None:
-                raise SystemExit(f"error: emulator exited: {proc.stderr.read().decode()[-500:]}") from None
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("error: emulator did not start within 60 s")
+    port = free_port()
+    rate = ["--rpm", str(rpm), "--rpm-burst", "2"] if rpm else []
+    return start_emulator_process(port, "--latency", str(latency), *rate), f"http://127.0.0.1:{port}"
 
 
 def trajs(n: int, tag: str) -> list[Trajectory]:

@@ -32,14 +32,12 @@ from __future__ import annotations
 import argparse
 import gc
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 # Qwen2.5 architectures (the published configs' shapes); vocab is the output layer's size.
 SHAPES: dict[str, dict[str, Any]] = {

@@ -24,15 +24,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from conductor.data.datasets import load_dataset  # noqa: E402
-from conductor.data.questions import Question, with_instruction  # noqa: E402
-from conductor.grading import get_grader, grade_many  # noqa: E402
-from conductor.grading.code import CodeGrader  # noqa: E402
-from conductor.grading.mathverify import default_pool  # noqa: E402
-from conductor.resources import shared_data_dir  # noqa: E402
-from conductor.sandbox import default_sandbox  # noqa: E402
+from conductor.data.datasets import load_dataset
+from conductor.data.questions import Question, with_instruction
+from conductor.grading import get_grader, grade_many
+from conductor.grading.code import CodeGrader
+from conductor.grading.mathverify import default_pool
+from conductor.resources import shared_data_dir
+from conductor.sandbox import default_sandbox
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "data" / "gsm8k_prose_replies.jsonl"
 HELD_OUT = CORPUS.with_name("gsm8k_prose_replies_heldout.jsonl")

@@ -34,13 +34,11 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from conductor.lake.queries import standard_report  # noqa: E402
-from conductor.lake.reader import open_lake  # noqa: E402
-from conductor.lake.schema import call_rows, trajectory_row  # noqa: E402
-from conductor.lake.synthetic import synthetic_trajectories  # noqa: E402
-from conductor.lake.writer import write_shard  # noqa: E402
+from conductor.lake.queries import standard_report
+from conductor.lake.reader import open_lake
+from conductor.lake.schema import call_rows, trajectory_row
+from conductor.lake.synthetic import synthetic_trajectories
+from conductor.lake.writer import write_shard
 
 RUN_ID = "answer-bench100k"
 

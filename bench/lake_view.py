@@ -30,16 +30,12 @@ import os
 import re
 import socket
 import statistics
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from conductor.lake.synthetic import synthetic_trajectories  # noqa: E402
-from conductor.lake.writer import shard_done, write_shard, write_training_record  # noqa: E402
+from conductor.lake.synthetic import synthetic_trajectories
+from conductor.lake.writer import shard_done, write_shard, write_training_record
 
 N_RUNS = 10   # eight GRPO iterations and two evaluation runs
 

@@ -7,7 +7,7 @@
    SDK clients sending ``--requests`` chat completions between them, each client one request at a time.
    overhead_i = served latency of question i - direct latency of question i (same workflow, same question:
    the simulated workers' latency and answers are deterministic), reported at its median.
-3. Interleaved A/B (bench/serve_ab.py): the same chat completions sent directly to the provider emulator and
+3. Interleaved A/B (conductor/testing/gateway_ab.py): the same chat completions sent directly to the provider emulator and
    through `conductor serve` (``fixed:0`` over a one-worker pool on the emulator) and LiteLLM's proxy (when
    installed in its own virtual environment) over the same emulator, one at a time, alternating, ``--ab-rounds``
    rounds of ``--ab-per-round``; a gateway's overhead is the median over rounds of its round median minus the
@@ -41,10 +41,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.serve_ab import (  # noqa: E402
+from conductor.testing.gateway_ab import (
     Target,
     emulator_pool,
     interleaved,
@@ -54,7 +51,9 @@ from bench.serve_ab import (  # noqa: E402
     start_emulator,
     start_litellm,
 )
-from tests.test_serve_support import free_port, questions, simulated_pool  # noqa: E402
+from conductor.testing.simulated_load import free_port, questions, simulated_pool
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -285,7 +284,7 @@ def embedded_run(n: int, tmp: Path, port: int, model: str) -> str:
 
 
 def ab_run(tmp: Path, rounds: int, per_round: int) -> tuple[float, float, float, list[str]]:
-    """The interleaved A/B (bench/serve_ab.py): (conductor's overhead ms, LiteLLM's or nan, the median of
+    """The interleaved A/B (conductor/testing/gateway_ab.py): (conductor's overhead ms, LiteLLM's or nan, the median of
     conductor's own header ms, the lines to print)."""
     lines: list[str] = []
     emu_port, port = free_port(), free_port()

@@ -131,8 +131,8 @@ Use them as you see fit: build on them, check them, or correct their mistakes.
 </overall_task>
 """
 # A candidate, not the default: the same preamble telling the worker that what earlier agents wrote is data, so
-# an instruction inside it is not to be followed (issue #36). bench/injection_probe.py measures what it alone
-# does against injected instructions on a live model: on Qwen2.5-Coder-0.5B it made them WORSE (21 of 22
+# an instruction inside it is not to be followed (issue #36). The injection probe (finished, docs/faults.md) measured what it alone
+# did against injected instructions on a live model: on Qwen2.5-Coder-0.5B it made them WORSE (21 of 22
 # obeyed against 16 of 22; docs/faults.md), so it is not the default. Adopting it would also change every
 # worker prompt (cache keys, simulated draws, the embedded default's accuracy): a `conductor compare` first.
 GUARDED_PREAMBLE = WORKER_PREAMBLE.replace(

@@ -50,13 +50,13 @@ def test_bad_menus_are_refused_with_the_entry_named(specs: str, needle: str) -> 
 
 def _backend(tmp_path: Path, m: WorkflowMenu) -> MenuBackend:
     pytest.importorskip("transformers")
-    from conductor.policy.prefill import PrefilledBackend, RoutingConstraint
+    from conductor.policy.prefill import IndexConstraint, PrefilledBackend
     from conductor.policy.transformers_backend import TransformersBackend
     from grpo_fixtures import tiny_checkpoint
 
     inner = TransformersBackend.load(tiny_checkpoint(tmp_path / "tiny"), device="cpu", batch_size=4)
     tok = inner.tokenizer
-    return MenuBackend(PrefilledBackend(inner, MENU_PREFILL, RoutingConstraint(tok, len(m), tok.eos_token_id)), m)
+    return MenuBackend(PrefilledBackend(inner, MENU_PREFILL, IndexConstraint(tok, len(m), tok.eos_token_id)), m)
 
 
 def test_sampled_index_becomes_the_entry_workflow_and_the_tokens_stay_the_sampled_ones(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """The one shard loop (conductor/run/shards.py) with its plain stages, no Prefect: commits, the handling of a
 failing conductor, rows kept in memory, simulated workers told their gold by the loop (not by the execute
 stage); the fan-out task running the same loop; and the library code the benches use (greedy executor,
-routing prefill)."""
+one-step prefill)."""
 
 from __future__ import annotations
 
@@ -168,24 +168,24 @@ def test_a_greedy_call_is_one_reply_for_every_sample(tmp_path):
     assert stats["calls"] == 1 and stats["cache_hits"] == 3
 
 
-def test_the_routing_prefill_writes_only_a_worker_index_and_keeps_the_prefix_in_the_tokens(tmp_path):
+def test_the_one_step_prefill_writes_only_a_worker_index_and_keeps_the_prefix_in_the_tokens(tmp_path):
     pytest.importorskip("transformers")
     from conductor.generation import GenerationParams
     from conductor.parser import parse_workflow
-    from conductor.policy.prefill import ROUTING_PREFILL, PrefilledBackend, RoutingConstraint
+    from conductor.policy.prefill import ONE_STEP_PREFILL, IndexConstraint, PrefilledBackend
     from conductor.policy.transformers_backend import TransformersBackend
     from conductor.workflow import Workflow
     from grpo_fixtures import tiny_checkpoint
 
     inner = TransformersBackend.load(tiny_checkpoint(tmp_path / "tiny"), device="cpu", batch_size=4)
     tok = inner.tokenizer
-    backend = PrefilledBackend(inner, ROUTING_PREFILL, RoutingConstraint(tok, 3, tok.eos_token_id))
+    backend = PrefilledBackend(inner, ONE_STEP_PREFILL, IndexConstraint(tok, 3, tok.eos_token_id))
     out = backend.generate(["Route: what is 2+2?", "Route: name a prime."], 3,
                            GenerationParams(temperature=1.0, max_tokens=5, seed=0))
-    prefix_ids = tok(ROUTING_PREFILL, add_special_tokens=False)["input_ids"]
+    prefix_ids = tok(ONE_STEP_PREFILL, add_special_tokens=False)["input_ids"]
     assert [len(g) for g in out] == [3, 3]
     for g in (g for gens in out for g in gens):
-        assert g.text.startswith(ROUTING_PREFILL) and g.logprobs is None
+        assert g.text.startswith(ONE_STEP_PREFILL) and g.logprobs is None
         assert g.token_ids[:len(prefix_ids)] == prefix_ids
         wf = parse_workflow(g.text, n_workers=3)
         assert isinstance(wf, Workflow) and len(wf) == 1 and wf.steps[0].worker in (0, 1, 2), g.text

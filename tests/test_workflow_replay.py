@@ -277,17 +277,14 @@ def test_grpo_over_the_menu_trains_on_replayed_rollouts_only(recorded, tmp_path)
     """Rollouts through the shard loop over the recording (the emulator is gone: a model call would fail),
     scored, and one GRPO step per iteration with the cost objective; the menu's choices are read back."""
     pytest.importorskip("transformers")
-    import sys
-
-    sys.path.insert(0, str(ROOT / "tests"))
-    from conductor.learning.routing import RoutingSettings, make_routing_conductor, train_routing
+    from conductor.learning.choice import ChoiceSettings, make_choice_conductor, train_choice_conductor
     from conductor.policy.menu import MENU_PREFILL, MenuBackend
-    from grpo_fixtures import tiny_checkpoint
+    from tests.grpo_fixtures import tiny_checkpoint
 
     menu, cache, *_ = recorded
-    s = RoutingSettings(n_workers=len(menu), iterations=2, lr=1e-3, group_size=4, prefill=MENU_PREFILL,
+    s = ChoiceSettings(n_workers=len(menu), iterations=2, lr=1e-3, group_size=4, prefill=MENU_PREFILL,
                         temperature=1.5, cost_lambda=0.4, max_tokens=3)
-    trainer, inner = make_routing_conductor(s, str(tiny_checkpoint(tmp_path / "tiny")))
+    trainer, inner = make_choice_conductor(s, str(tiny_checkpoint(tmp_path / "tiny")))
     backend = MenuBackend(inner, menu)
     ex = Executor(cache=ResponseCache(cache, mode="replay"), shared_samples=True)   # a group replays one recording
     seen = []
@@ -299,7 +296,7 @@ def test_grpo_over_the_menu_trains_on_replayed_rollouts_only(recorded, tmp_path)
         seen.extend(rows)
         return rows
 
-    curve = train_routing(trainer, rollout, QUESTIONS, [], s, 2, menu.specs(), run_prefix="t", choices=menu.shares)
+    curve = train_choice_conductor(trainer, rollout, QUESTIONS, [], s, 2, menu.specs(), run_prefix="t", choices=menu.shares)
     ex.cache.close()
     assert len(curve) == 2 and all(abs(r["loss"]) < 1e3 for r in curve)
     assert seen and not any(t.infra_failed for t in seen)            # every rollout replayed from the recording
@@ -349,3 +346,71 @@ def test_record_command_refuses_a_bad_menu_in_one_line(tmp_path):
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
     assert "menu entry 2 'pot:x'" in r.stderr and not (tmp_path / "c.sqlite").exists()
+
+
+# ------------------------------------------------------------------ the bench's library (conductor.run.workflow_replay)
+
+def test_library_doctests() -> None:
+    import doctest
+
+    from conductor.learning import splits
+    from conductor.run.workflow_replay import recording, report
+
+    for module in (splits, recording, report):
+        assert doctest.testmod(module).failed == 0
+
+
+def test_replay_strategy_reads_outcomes_and_recorded_cost_from_the_recording_alone(recorded):
+    from conductor.run.workflow_replay.replay import replay_strategy
+
+    menu, cache, *_ = recorded
+    entry = next(e for e in menu.entries if e.spec == "fixed:0")
+    new = Question(id="q-new", dataset="unit", domain="math", prompt="What is 1 + 1?", gold="2")
+    rows = replay_strategy("fixed:0", entry.workflow, menu.pool, [*QUESTIONS, new], cache)
+    assert rows["q-agree"].correct and not rows["q-split"].correct and not rows["q-agree"].infra
+    assert rows["q-agree"].dollars == pytest.approx(rows["q-agree"].seconds * PRICE_PER_S, rel=1e-3)
+    assert rows["q-agree"].seconds >= 0.05                 # the emulator's recorded latency, not a replay's
+    assert rows["q-new"].infra                             # not recorded: an infrastructure failure, no model call
+
+
+def test_replay_settings_name_the_option_they_refuse() -> None:
+    from conductor.run.workflow_replay.replay import ReplaySettings, ReplaySettingsError
+
+    with pytest.raises(ReplaySettingsError, match="--group-size"):
+        ReplaySettings(group_size=1)
+    with pytest.raises(ReplaySettingsError, match="--lr"):
+        ReplaySettings(lr=0.0)
+    assert ReplaySettings().lambdas == (0.0, 0.4)
+
+
+def test_the_question_set_grows_by_keeping_its_prefix_and_its_spec_loads_exactly_it() -> None:
+    from conductor.data.questionset import load_questions
+    from conductor.run.workflow_replay.questions import question_set, slice_spec, split
+
+    small, big = question_set(20, 8), question_set(40, 16)
+    assert {q.id for q in small} <= {q.id for q in big}
+    assert [q.id for q in big if q.id in {x.id for x in small}] == [q.id for q in small]   # the same merged order
+    assert [q.id for q in load_questions(slice_spec(small[:6]))] == [q.id for q in small[:6]]
+    assert {split(q) for q in big} <= {"train", "validation", "test"} and [split(q) for q in small] == [
+        split(q) for q in small]
+
+
+def test_a_choice_conductor_with_inconsistent_settings_raises_instead_of_exiting(tmp_path) -> None:
+    pytest.importorskip("transformers")
+    from conductor.learning.choice import ChoiceSettings, ChoiceSettingsError, make_choice_conductor
+    from tests.grpo_fixtures import tiny_checkpoint
+
+    with pytest.raises(ChoiceSettingsError, match="prefill"):
+        make_choice_conductor(ChoiceSettings(n_workers=3, prefill=""), str(tiny_checkpoint(tmp_path / "tiny")))
+
+
+@pytest.mark.parametrize("args, needle", [(["--lambdas", "abc"], "--lambdas"), (["--group-size", "1"], "--group-size"),
+                                          (["--lr", "0"], "--lr")])
+def test_the_bench_refuses_a_bad_replay_option_with_one_line_and_exit_2(args, needle, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, str(ROOT / "bench/workflow_replay.py"), "replay", *args,
+                        "--state", str(tmp_path / "state")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert needle in r.stderr.strip().splitlines()[-1] and not (tmp_path / "state").exists()

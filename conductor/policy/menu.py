@@ -5,7 +5,7 @@ one-step workflow; that is learnable from reward on CPU (docs/learning.md), but 
 itself. When the faulty worker is drawn at random per question (issue #36's random regime) no routing can avoid
 it; what helps is a defensive SHAPE: independent answers and a vote, or answers and a reviewer that sees them.
 An untrained 135M model writes no parseable multi-step workflow, so the shapes are offered as a menu: the turn is
-prefilled with ``MENU_PREFILL``, ``RoutingConstraint`` lets the model write only a menu index, and the sampled
+prefilled with ``MENU_PREFILL``, ``IndexConstraint`` lets the model write only a menu index, and the sampled
 index is expanded here into that entry's workflow.
 
 The returned ``Generation`` carries both halves of that choice, each where its reader looks:
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from conductor.trajectory import Trajectory
     from conductor.workers.pool import Pool
 
-# About as many tokens as ROUTING_PREFILL (29 in SmolLM2's tokenizer): the trainer averages its loss over every
+# About as many tokens as ONE_STEP_PREFILL (29 in SmolLM2's tokenizer): the trainer averages its loss over every
 # completion token, so the prefill's length scales the step the choice token gets (keeping the learning rate
 # measured for routing meaningful here).
 MENU_PREFILL = "# Workflow shape, by its number: a worker alone, attempts and a vote, or answers and a reviewer.\nshape = ["
@@ -152,7 +152,7 @@ class WorkflowMenu:
 
 
 class MenuBackend:
-    """``inner`` (a ``PrefilledBackend`` with ``MENU_PREFILL`` and a ``RoutingConstraint`` over the menu's
+    """``inner`` (a ``PrefilledBackend`` with ``MENU_PREFILL`` and a ``IndexConstraint`` over the menu's
     size) whose completions are expanded into the chosen entry's workflow (module docstring)."""
 
     name = "transformers+menu"

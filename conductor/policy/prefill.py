@@ -1,10 +1,10 @@
 """A transformers conductor whose assistant turn starts with a fixed text, optionally constrained after it.
 
-WHY: an untrained 135M model almost never writes a parseable workflow (measured in ``bench/learning.py``: 0 of
-32 samples at T = 1.0), so GRPO would get no signal. Prefilling the turn with a one-step ``subtasks`` and
-``access_list`` and an open ``model_id = [`` (``ROUTING_PREFILL``; the parser accepts the three lists in any
+WHY: an untrained 135M model almost never writes a parseable workflow (measured by the finished simulated-pool
+experiment, docs/learning.md: 0 of 32 samples at T = 1.0), so GRPO would get no signal. Prefilling the turn with a one-step ``subtasks`` and
+``access_list`` and an open ``model_id = [`` (``ONE_STEP_PREFILL``; the parser accepts the three lists in any
 order) leaves the model only the worker to choose: a routing policy, which is what the simulated and replay
-pools can check. ``RoutingConstraint`` then lets it write only a worker index, ``]`` and end of turn, so every
+pools can check. ``IndexConstraint`` then lets it write only a worker index, ``]`` and end of turn, so every
 sample parses and the signal is the routing choice alone.
 
 The prefix is part of the returned completion (text and token ids), so the rows show exactly what was parsed and
@@ -23,11 +23,11 @@ if TYPE_CHECKING:
 
 # The parser finds the three lists in any order: this prefix fixes a one-step subtask and access list and
 # leaves the worker choice (and the closing of the list) to the model.
-ROUTING_PREFILL = 'subtasks = ["Answer the user question in the format it asks for."]\naccess_list = [[]]\nmodel_id = ['
+ONE_STEP_PREFILL = 'subtasks = ["Answer the user question in the format it asks for."]\naccess_list = [[]]\nmodel_id = ['
 
 
-class RoutingConstraint:
-    """After the routing prefill, the model may write only one worker index, then ``]``, then end of turn.
+class IndexConstraint:
+    """After the prefill, the model may write only one index (a worker, or a menu entry), then ``]``, then end of turn.
 
     A transformers ``LogitsProcessor`` (constrained decoding, like the product's workflow grammar for the embedded
     conductor). Only the allowed tokens are masked; the trainer scores the sampled tokens under the unconstrained
@@ -39,7 +39,7 @@ class RoutingConstraint:
         ids = [tokenizer(str(i), add_special_tokens=False)["input_ids"] for i in range(n_workers)]
         close = tokenizer("]", add_special_tokens=False)["input_ids"]
         if any(len(x) != 1 for x in ids) or len(close) != 1:
-            raise ValueError("routing constraint: needs single-token worker indices and ']' in this tokenizer")
+            raise ValueError("index constraint: needs single-token worker indices and ']' in this tokenizer")
         self.allowed: list[list[int]] = [[x[0] for x in ids], close, [eos_id]]
         self.start: int | None = None
 
@@ -62,7 +62,7 @@ class PrefilledBackend:
 
     name = "transformers+prefill"
 
-    def __init__(self, inner: TransformersBackend, prefill: str, constraint: RoutingConstraint | None = None):
+    def __init__(self, inner: TransformersBackend, prefill: str, constraint: IndexConstraint | None = None):
         self.inner = inner
         self.prefill = prefill
         self.constraint = constraint

@@ -1,4 +1,4 @@
-"""RouteLLM's router metrics (conductor/stats/routing.py): the curve's ends are the two models, a router that
+"""RouteLLM's router metrics (conductor/stats/routellm.py): the curve's ends are the two models, a router that
 knows the answers beats a random one, and a constant router is a random one."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import hypothesis.strategies as st
 from hypothesis import given, settings
 
-from conductor.stats.routing import apgr, cpt, random_apgr, route_curve
+from conductor.stats.routellm import apgr, cpt, random_apgr, route_curve
 
 pairs = st.lists(st.tuples(st.booleans(), st.booleans(), st.floats(0, 1)), min_size=2, max_size=60)
 

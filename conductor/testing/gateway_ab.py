@@ -1,5 +1,5 @@
-"""The interleaved A/B of bench/serve.py: the same chat completions sent directly to the provider emulator and
-through a gateway in front of it (`conductor serve`, and LiteLLM's proxy when installed), one request at a time,
+"""A gateway's overhead, measured by an interleaved A/B (``bench/serve.py`` step 3): the same chat completions sent
+directly to the provider emulator and through a gateway in front of it (`conductor serve`, and LiteLLM's proxy when installed), one request at a time,
 alternating, many rounds; overhead = a gateway's round median minus the direct round median, reported at its
 median over rounds (the "median of round medians" of independent gateway comparisons). Sequential requests
 from one client keep the client's own CPU and any queueing out of the difference; both paths pay it equally.
@@ -60,8 +60,10 @@ def wait_up(url: str, proc: subprocess.Popen[bytes], what: str, timeout: float =
     raise RuntimeError(f"{what} did not come up within {timeout:g} s")
 
 
-def start_emulator(port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "conductor.testing.emulator", "--port", str(port)],
+def start_emulator(port: int, *options: str) -> subprocess.Popen[bytes]:
+    """The provider emulator in its own process on ``port`` (``options``: its command line, e.g. ``--latency``),
+    returned once it answers."""
+    proc = subprocess.Popen([sys.executable, "-m", "conductor.testing.emulator", "--port", str(port), *options],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_up(f"http://127.0.0.1:{port}/v1/models", proc, "the emulator", 60)
     return proc

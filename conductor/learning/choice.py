@@ -1,19 +1,17 @@
-"""The routing benches' shared trainer: a small conductor that picks ONE worker per question, trained with GRPO.
+"""A one-choice conductor trained with GRPO: a small model whose whole output is ONE index (a worker or a menu entry).
 
-``bench/learning.py`` (does the 135M learn the simulated pool's best routing?) and ``bench/robustness.py``
-(does it learn to route around a faulty worker?) train the same way: SmolLM2-135M in memory
-(``PolicyTrainer``), rollouts sampled from the object being trained through the production shard loop, the
-assistant turn prefilled with a one-step workflow whose worker index is the only free choice
-(``ROUTING_PREFILL``, ``RoutingConstraint``; why: docs/learning.md "Routing prefill"). This module holds that
-setup, the held-out split, the per-iteration loop and the summaries, so neither bench copies the other.
+SmolLM2-135M in memory (``PolicyTrainer``), rollouts sampled from the object being trained through the production
+shard loop, the assistant turn prefilled so that an index is the only free choice (``ONE_STEP_PREFILL`` or
+``conductor.policy.menu.MENU_PREFILL``, ``IndexConstraint``; why: docs/learning.md "Routing prefill"). This module
+holds that setup, the per-iteration loop and the summaries; ``bench/workflow_replay.py`` (a menu conductor over a
+recording) uses them, as did the finished simulated-pool and robustness experiments (docs/learning.md,
+docs/faults.md).
 
 Torch is imported inside the functions: ``conductor`` stays importable without it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import random
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
@@ -25,19 +23,22 @@ if TYPE_CHECKING:
     from conductor.learning.grpo import PolicyTrainer
     from conductor.policy.prefill import PrefilledBackend
     from conductor.trajectory import Trajectory
-    from conductor.workers.pool import Pool
 
 DOMAINS = ("math", "mcq")
-# Runs one batch of questions as a rollout: (questions, run_id, samples, seed) -> trajectories. A bench passes
-# its own so it can choose the pool per question (bench/robustness.py's random-faulty regime).
+# Runs one batch of questions as a rollout: (questions, run_id, samples, seed) -> trajectories. A caller passes
+# its own so it can choose the pool per question (a random-faulty regime) or replay a recording.
 Rollout = Callable[[Sequence["Question"], str, int, int], list["Trajectory"]]
 
 
-@dataclass(frozen=True)
-class RoutingSettings:
-    """What decides a routing conductor's training (the benches' command-line options)."""
+class ChoiceSettingsError(ValueError):
+    """Settings that cannot train a one-choice conductor (the message names the setting)."""
 
-    n_workers: int
+
+@dataclass(frozen=True)
+class ChoiceSettings:
+    """What decides a one-choice conductor's training (a bench's command-line options)."""
+
+    n_workers: int                # the number of indices to choose from (workers or menu entries)
     iterations: int = 30
     lr: float = 3e-5
     lr_schedule: str = "constant"
@@ -54,14 +55,14 @@ class RoutingSettings:
     cost_lambda: float = 0.0      # > 0: the success-gated cost objective (conductor.grading.objective)
 
 
-def make_routing_conductor(s: RoutingSettings, model_path: str | None = None) -> tuple[PolicyTrainer, PrefilledBackend]:
+def make_choice_conductor(s: ChoiceSettings, model_path: str | None = None) -> tuple[PolicyTrainer, PrefilledBackend]:
     """(trainer, policy): SmolLM2-135M (or a saved ``model_path``) and the prefilled, constrained backend that
-    samples from the very model being trained. Raises SystemExit with the reason for inconsistent settings."""
+    samples from the very model being trained. Raises ``ChoiceSettingsError`` for inconsistent settings."""
     from conductor.grading.objective import CostObjective
     from conductor.learning.grpo import GRPOConfig, PolicyTrainer
     from conductor.learning.grpo.checkpoint import ensure_hf_checkpoint
     from conductor.local.embedded import ensure_models
-    from conductor.policy.prefill import PrefilledBackend, RoutingConstraint
+    from conductor.policy.prefill import IndexConstraint, PrefilledBackend
     from conductor.policy.transformers_backend import TransformersBackend
 
     if model_path is None:
@@ -77,70 +78,13 @@ def make_routing_conductor(s: RoutingSettings, model_path: str | None = None) ->
     constraint = None
     if s.constrain:
         if not s.prefill:
-            raise SystemExit("routing bench: --constrain needs a --prefill that ends at the worker index (or pass --no-constrain)")
-        constraint = RoutingConstraint(trainer.tokenizer, s.n_workers, trainer.tokenizer.convert_tokens_to_ids("<|im_end|>"))
+            raise ChoiceSettingsError("constrain needs a prefill that ends at the index (or constrain=False)")
+        constraint = IndexConstraint(trainer.tokenizer, s.n_workers, trainer.tokenizer.convert_tokens_to_ids("<|im_end|>"))
     n_prefill = len(trainer.tokenizer(s.prefill, add_special_tokens=False)["input_ids"])
-    if n_prefill + s.max_tokens > cfg.max_completion_tokens:   # the trainer would cut off the routing tokens
-        raise SystemExit(f"routing bench: prefill ({n_prefill} tokens) + --max-tokens exceeds the trainer's "
-                         f"max_completion_tokens ({cfg.max_completion_tokens})")
+    if n_prefill + s.max_tokens > cfg.max_completion_tokens:   # the trainer would cut off the chosen index
+        raise ChoiceSettingsError(f"prefill ({n_prefill} tokens) + max_tokens exceeds the trainer's "
+                                  f"max_completion_tokens ({cfg.max_completion_tokens})")
     return trainer, PrefilledBackend(inner, s.prefill, constraint)
-
-
-def split_questions(n_eval: int, seed: int) -> tuple[list[Question], list[Question], list[Question]]:
-    """(train math, train mcq, held-out) — held-out math from gsm8k_test, held-out MCQ disjoint from training."""
-    from conductor.data.datasets import load_dataset
-
-    rng = random.Random(seed)
-    train_math = load_dataset("gsm8k_train", limit=400)
-    mcq = load_dataset("mmlu_stem")
-    rng.shuffle(train_math)
-    rng.shuffle(mcq)
-    n_mcq_eval = n_eval - n_eval // 2
-    eval_math = load_dataset("gsm8k_test", limit=200)
-    rng.shuffle(eval_math)
-    held = eval_math[: n_eval // 2] + mcq[:n_mcq_eval]
-    train_mcq = mcq[n_mcq_eval:n_mcq_eval + 400]
-    assert not {q.id for q in held} & {q.id for q in train_math + train_mcq}
-    return train_math, train_mcq, held
-
-
-def split_of(question: str, seed: int, train: float, val: float) -> str:
-    """``train`` / ``validation`` / ``test`` from the question's normalised content (stable across machines).
-
-    >>> split_of("What is 2+2?", 0, 0.6, 0.2) == split_of("what is  2+2? ", 0, 0.6, 0.2)
-    True
-    >>> split_of("What is 2+2?", 0, 1.0, 0.0), split_of("What is 2+2?", 0, 0.0, 0.0)
-    ('train', 'test')
-    """
-    from conductor.data.questions import normalize_question
-
-    h = hashlib.sha256(f"{seed}\x1f{normalize_question(question)}".encode()).hexdigest()
-    u = int(h[:12], 16) / 16 ** 12
-    return "train" if u < train else "validation" if u < train + val else "test"
-
-
-def recorded_questions(pool: Pool, dataset: str) -> list[Question]:
-    """``dataset``'s questions that every replay worker of ``pool`` has a recording of (the others would be
-    infrastructure failures: a replay worker has nothing to say about them)."""
-    from conductor.data.datasets import load_dataset
-    from conductor.workers.recordings import load_recordings
-
-    indexes = [load_recordings(w.options["source"], w.model, worker=w.name) for w in pool.workers
-               if w.provider == "replay"]
-    return [q for q in load_dataset(dataset) if all(ix.find(q.prompt) is not None for ix in indexes)]
-
-
-def recorded_split(pool: Pool, dataset: str, n_eval: int, seed: int,
-                   train: float = 0.6) -> tuple[list[Question], list[Question], list[Question]]:
-    """(train math, train mcq, held-out) over a replay pool's recorded questions: split by content hash
-    (``split_of``: ``train`` share for training, the rest held out), the held-out ones the first ``n_eval`` in
-    a seeded hash order, so a larger ``n_eval`` keeps the smaller one's questions."""
-    tr: list[Question] = []
-    rest: list[Question] = []
-    for q in recorded_questions(pool, dataset):
-        (tr if split_of(q.prompt, seed, train, 0.0) == "train" else rest).append(q)
-    held = sorted(rest, key=lambda q: hashlib.sha256(f"{seed}\x1e{q.prompt}".encode()).hexdigest())[:n_eval]
-    return [q for q in tr if q.domain == "math"], [q for q in tr if q.domain != "math"], held
 
 
 def worker_shares(trajs: Sequence[Trajectory]) -> dict[str, dict[str, float]]:
@@ -213,9 +157,10 @@ def format_choices(shares: dict[str, dict[str, float]], floor: float = 0.05) -> 
                                          if v >= floor) for d, m in shares.items())
 
 
-def train_routing(trainer: PolicyTrainer, rollout: Rollout, train_math: Sequence[Question],
-                  train_mcq: Sequence[Question], s: RoutingSettings, per_iteration: int, names: Sequence[str],
-                  run_prefix: str = "learning", choices: Shares | None = None) -> list[dict[str, Any]]:
+def train_choice_conductor(trainer: PolicyTrainer, rollout: Rollout, train_math: Sequence[Question],
+                           train_mcq: Sequence[Question], s: ChoiceSettings, per_iteration: int,
+                           names: Sequence[str], run_prefix: str = "learning",
+                           choices: Shares | None = None) -> list[dict[str, Any]]:
     """``s.iterations`` GRPO iterations (rollouts through ``rollout``, one trainer step each); the curve rows,
     printed as they come. ``choices``: what a menu conductor chose per domain (``WorkflowMenu.shares``), printed
     and kept in the rows beside the worker shares."""
