@@ -331,7 +331,8 @@ def test_overrides_and_environment_reach_the_deployments():
     answer = apply_overrides(specs, only=["scheduled-answering"], params=["scheduled-answering.limit=3"])[0]
     assert answer.cron == "15 3 * * 1-5" and answer.parameters["pool"] == SIM_POOL and answer.parameters["limit"] == 3
     runner = to_runner_deployment(answer)
-    assert runner.name == "scheduled-answering" and runner.parameters["limit"] == 3
+    # the flow takes its config model (#50): the parameters arrive nested under "config", as nightly's do
+    assert runner.name == "scheduled-answering" and runner.parameters["config"]["limit"] == 3
     assert runner.schedules[0].schedule.cron == "15 3 * * 1-5"
     with pytest.raises(DeploymentConfigError, match="has no parameter 'nope'"):
         to_runner_deployment(apply_overrides(specs, params=["scheduled-answering.nope=1"])[1])
