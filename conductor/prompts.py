@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 from conductor.resources import data_path
@@ -256,7 +256,8 @@ def _fewshot_field(value: object) -> object:
 
 
 # A run configuration's field: text in YAML and on the command line, the type inside, the text when saved.
-FewShotField = Annotated[FewShotSpec, BeforeValidator(_fewshot_field), PlainSerializer(str, return_type=str)]
+FewShotField = Annotated[FewShotSpec, BeforeValidator(_fewshot_field), PlainSerializer(str, return_type=str),
+                         WithJsonSchema({"type": "string", "description": "POLICY[:K], e.g. ood:2"})]
 
 
 def resolve_fewshot(fewshot: str | FewShotSpec, embedded: bool) -> str:

@@ -233,10 +233,6 @@ def check_parameters(spec: DeploymentSpec, flow_obj: Flow[..., object]) -> None:
     if model is not None:
         from conductor.run.config import ConfigError
 
-        unknown = [k for k in spec.parameters if k not in model.model_fields]
-        if unknown:
-            raise DeploymentConfigError(f"deployment {spec.name}: {spec.entrypoint} has no parameter {unknown[0]!r} "
-                                        f"(it takes: {', '.join(model.model_fields)})")
         flags = {name: f"parameter {name!r}" for name in spec.parameters}
         try:
             model.build(given=spec.parameters, flags=flags)

@@ -17,8 +17,9 @@ from conductor.cli import app
 from conductor.cli.run_options import CONFIG_HELP, build_config, cli_type, config_options
 from conductor.learning.evaluation import compare
 from conductor.learning.results import EvalResult, TrainResult
-from conductor.run.config import AnswerConfig, EvaluateConfig, RunConfig
+from conductor.run.config import AnswerConfig, CompareConfig, EvaluateConfig, HeadroomConfig, RunConfig
 from conductor.run.summary import EXIT_INFRA, EXIT_OK, EXIT_PARTIAL, RunSummary
+from conductor.serve.config import ServeConfig
 
 # Every option `conductor answer` had when its parameters were written out by hand (before #37).
 ANSWER_OPTIONS = {"--out", "--pool", "--conductor", "--samples", "--recursion-depth", "--limit", "--shard-size", "--k",
@@ -183,3 +184,62 @@ def test_evaluate_command_runs_the_flow_and_writes_evaluation_json(tmp_path, mon
     assert rows.height == 4                                             # 2 questions x 2 samples
     held = json.loads((tmp_path / "out" / "heldout-pool.json").read_text(encoding="utf-8"))
     assert [w["name"] for w in held["workers"]] == ["sim-mathwiz", "sim-generalist"]
+
+
+# Issue #50 (1): serve, compare and headroom are generated from their config models too. Every option each had
+# when its parameters were written out by hand, plus --config (a YAML file of the same fields).
+SERVE_OPTIONS = {"--pool", "--conductor", "--registry", "--reload-s", "--host", "--port", "--lake", "--store-text",
+                 "--limits", "--client-limits", "--keys-file", "--key-rpm", "--key-concurrency", "--max-steps",
+                 "--max-cost", "--recursion-depth", "--max-input-chars", "--cache", "--run-id", "--fewshot",
+                 "--log-level", "--config"}
+COMPARE_OPTIONS = {"--out", "--pool", "--strategies", "--conductor", "--lake", "--runs", "--limit", "--shard-size",
+                   "--seed", "--temperature", "--max-tokens", "--max-steps", "--fewshot", "--constrained", "--free",
+                   "--cache", "--replay", "--n-boot", "--config"}
+HEADROOM_OPTIONS = {"--out", "--pool", "--lake", "--runs", "--policy", "--limit", "--shard-size", "--folds", "--n-boot",
+                    "--seed", "--margin", "--alpha", "--cost-weight", "--cache", "--replay", "--options", "--config"}
+HAND_DECLARED = {"serve": {"config", "host", "port", "log_level"}, "compare": {"config"}, "headroom": {"config"}}
+
+
+@pytest.mark.parametrize("name,model,expected", [("serve", ServeConfig, SERVE_OPTIONS),
+                                                 ("compare", CompareConfig, COMPARE_OPTIONS),
+                                                 ("headroom", HeadroomConfig, HEADROOM_OPTIONS)])
+def test_serve_compare_headroom_options_are_their_config_fields(name, model, expected):
+    cmd = _command(name)
+    opts = {o for p in cmd.params for o in [*p.opts, *p.secondary_opts] if o.startswith("--")}
+    assert opts == expected
+    for p in cmd.params:
+        if p.name in HAND_DECLARED[name]:
+            continue
+        field = model.model_fields[p.name]       # every other parameter is a field, with its help and default
+        assert field.description and field.description.rstrip(".") in p.help, p.name
+        if not field.is_required():
+            assert p.default in (field.default, str(field.default)), p.name
+
+
+def test_defaults_are_written_once():
+    from conductor.workflow import DEFAULT_MAX_STEPS
+
+    for model in (AnswerConfig, CompareConfig, ServeConfig):
+        assert model.model_fields["max_steps"].default == DEFAULT_MAX_STEPS
+    assert AnswerConfig.model_fields["max_tokens"].default == ServeConfig.model_fields["conductor_max_tokens"].default
+    assert CompareConfig.model_fields["max_tokens"].default == AnswerConfig.model_fields["max_tokens"].default
+
+
+def test_max_cost_is_max_dollars_down_to_the_budget(tmp_path):
+    """One name from the configuration to the executor's Budget; the flag and a YAML file keep max_cost."""
+    f = tmp_path / "run.yaml"
+    f.write_text("questions: q.jsonl\nout: o\nmax_cost: 0.25\n", encoding="utf-8")
+    cfg = AnswerConfig.build(f)
+    assert cfg.max_dollars == 0.25 and cfg.pipeline_settings()["budget"].max_dollars == 0.25
+    assert ServeConfig(pool="p", max_cost=0.5).max_dollars == 0.5
+    assert ServeConfig(pool="p", key_rpm=0).key_rpm is None          # --key-rpm 0: unlimited
+    by_name = {p.name: p for p in _command("answer").params}
+    assert by_name["max_dollars"].opts == ["--max-cost"]
+
+
+def test_headroom_bounds_and_serve_numbers_are_one_line_errors():
+    r = CliRunner().invoke(app, ["headroom", "--lake", ".", "--out", "h", "--margin", "2"])
+    assert r.exit_code == 2 and "--margin" in r.output
+    r = CliRunner().invoke(app, ["serve", "--pool", "p.yaml", "--max-steps", "0"])
+    assert r.exit_code == 2 and r.output.strip().splitlines() == [r.output.strip()]
+    assert r.output.startswith("error: --max-steps:"), r.output

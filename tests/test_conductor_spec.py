@@ -225,7 +225,7 @@ def test_the_config_holds_types_and_saves_the_text(tmp_path):
     assert AnswerConfig.model_validate(saved) == cfg and AnswerConfig.model_validate_json(cfg.model_dump_json()) == cfg
     default = AnswerConfig(questions="q", out=str(tmp_path))
     assert (default.conductor, str(default.fewshot), default.limits) == (AutoSpec(), "auto", None)
-    assert cfg.pipeline_settings()["fewshot"] == "ood:2"   # the RunSpec keeps the canonical text
+    assert cfg.pipeline_settings()["fewshot"] == FewShotSpec(policy="ood", k=2)   # the RunSpec holds the type (#50)
 
 
 def test_a_typed_value_passes_through_the_config():

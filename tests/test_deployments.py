@@ -205,7 +205,7 @@ def test_scheduled_answering_deployment_fires_and_completes(prefect_server, tmp_
     run = _serve_until_completed(prefect_server, tmp_path, "scheduled-answering", {
         "questions": str(questions), "out_root": str(out_root), "pool": SIM_POOL, "conductor": spec,
         "max_tokens": 64, "shard_size": 1}, timeout=170 if which == "fixed" else 900)
-    assert run["parameters"]["conductor"] == spec
+    assert run["parameters"]["config"]["conductor"] == spec   # the flow takes its config model (#50)
     dated = [p for p in out_root.iterdir() if p.is_dir()]
     assert len(dated) >= 1, "scheduled answering writes under OUT_ROOT/<scheduled date>/"
     answers = [json.loads(line) for line in (dated[0] / "answers.jsonl").read_text().splitlines()]
@@ -331,9 +331,10 @@ def test_overrides_and_environment_reach_the_deployments():
     answer = apply_overrides(specs, only=["scheduled-answering"], params=["scheduled-answering.limit=3"])[0]
     assert answer.cron == "15 3 * * 1-5" and answer.parameters["pool"] == SIM_POOL and answer.parameters["limit"] == 3
     runner = to_runner_deployment(answer)
-    assert runner.name == "scheduled-answering" and runner.parameters["limit"] == 3
+    # the flow takes its config model (#50): the parameters arrive nested under "config", as nightly's do
+    assert runner.name == "scheduled-answering" and runner.parameters["config"]["limit"] == 3
     assert runner.schedules[0].schedule.cron == "15 3 * * 1-5"
-    with pytest.raises(DeploymentConfigError, match="has no parameter 'nope'"):
+    with pytest.raises(DeploymentConfigError, match="parameter 'nope': Extra inputs are not permitted"):
         to_runner_deployment(apply_overrides(specs, params=["scheduled-answering.nope=1"])[1])
     nightly = to_runner_deployment(specs[0])   # the shipped defaults satisfy nightly_flow's signature
     assert nightly.name == "nightly-retraining" and nightly.schedules[0].schedule.cron == "0 2 * * *"

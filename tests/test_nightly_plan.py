@@ -120,3 +120,17 @@ def test_night_status():
     assert night_status("dollar budget reached", {"promote": True}) == "stopped"
     assert night_status(None, {"promote": True}) == "promoted"
     assert night_status(None, {"promote": False}) == "challenger"
+
+
+def test_night_result_json_keeps_the_flow_result_shape():
+    """Issue #50 (3): the night's result is a dataclass; its JSON is the dict the flow always returned."""
+    from conductor.run.nightly import HeadroomSummary, IterationRecord, NightResult
+
+    it = IterationRecord(0, "nightly-t-it0", 8, 0.5, 0.25, checkpoint_id="nightly-t-it0", loss=0.1)
+    res = NightResult("t", "challenger", "pool changed", "r/nightly.md", None, (it,), {"promote": False},
+                      HeadroomSummary("router-bound", "line", ("e",), "h.md"))
+    assert res.to_json() == {"night": "t", "status": "challenger", "why": "pool changed", "stopped": None,
+                             "iterations": [{"iteration": 0, "run_id": "nightly-t-it0", "trajectories": 8,
+                                             "mean_reward": 0.5, "accuracy": 0.25, "checkpoint_id": "nightly-t-it0",
+                                             "loss": 0.1}],
+                             "decision": {"promote": False}, "report": "r/nightly.md", "headroom": "router-bound"}

@@ -35,7 +35,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer
+from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 from conductor.execution.ratelimit import Bucket, bucket_shapes, check_pause
@@ -396,7 +396,8 @@ def _limits_field(value: Any) -> Any:
 
 
 # A run configuration's field: text in YAML and on the command line, the type inside, the text when saved.
-LimitsField = Annotated[LimitsSpec, BeforeValidator(_limits_field), PlainSerializer(str, return_type=str)]
+LimitsField = Annotated[LimitsSpec, BeforeValidator(_limits_field), PlainSerializer(str, return_type=str),
+                        WithJsonSchema({"type": "string", "description": "local, sqlite:PATH or prefect"})]
 
 
 def open_shared(spec: LimitsSpec | str | None) -> SharedLimits | None:

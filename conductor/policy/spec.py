@@ -41,7 +41,16 @@ import re
 from abc import abstractmethod
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    WithJsonSchema,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from conductor.workflow import DEFAULT_MAX_STEPS
@@ -616,4 +625,5 @@ def _validate(value: Any) -> Any:
 
 # A run configuration's field: YAML and CLI text validates into the type; it serialises back to the text, so
 # configurations saved with runs (and Prefect's stored flow parameters) stay readable by older code too.
-ConductorSpecField = Annotated[ConductorSpec, BeforeValidator(_validate), PlainSerializer(str, return_type=str)]
+ConductorSpecField = Annotated[ConductorSpec, BeforeValidator(_validate), PlainSerializer(str, return_type=str),
+                               WithJsonSchema({"type": "string", "description": "a conductor spec, e.g. auto, fixed:0"})]
