@@ -62,7 +62,7 @@ def list_lake(url: str) -> None:
 def shoot(page: Any, url: str, path: Path, width: int, max_height: int) -> None:
     page.goto(url)
     page.wait_for_load_state("networkidle")
-    height = min(max_height, int(page.evaluate("document.documentElement.scrollHeight")))
+    height = min(max_height, int(page.evaluate("Math.ceil(document.body.getBoundingClientRect().height)")) + 16)
     page.screenshot(path=str(path), clip={"x": 0, "y": 0, "width": width, "height": height}, full_page=True)
     with Image.open(path) as img:   # a 256-colour palette: a third of the bytes, text as sharp
         small = img.convert("RGB").quantize(colors=256)
