@@ -11,13 +11,18 @@ bash infra/install.sh --profile answer
 # At most 3 steps per workflow keeps the small local pool to a few minutes on 2 cores (the paper allows 5).
 QUESTIONS="${QUESTIONS:-gsm8k_test:5,mmlu_stem:5}"
 OUT="${OUT:-runs/quickstart}"
-"${PYTHON:-python}" -m conductor answer "$QUESTIONS" --out "$OUT" --max-steps 3 "$@"
+# Exit 4: some questions failed on infrastructure (the line above it names them; rerunning retries them). The
+# comparison still runs on the rest, and the script ends with that 4; any other failure stops here.
+rc=0
+"${PYTHON:-python}" -m conductor answer "$QUESTIONS" --out "$OUT" --max-steps 3 "$@" || rc=$?
+if [ "$rc" != 0 ] && [ "$rc" != 4 ]; then exit "$rc"; fi
 # How that run compares with each language-model worker alone on the same questions (COMPARE=0 skips this):
 # the single-worker baselines run through the same pipeline into the same lake; the conductor's run is read
 # back from the lake (same run id), not redone. Prints accuracy ± s.e., seconds per question, a paired test.
 if [ "${COMPARE:-1}" != "0" ]; then
   "${PYTHON:-python}" -m conductor compare "$QUESTIONS" --out "$OUT/compare" --lake "$OUT/lake" \
-    --cache "$OUT/cache.sqlite" --strategies conductor,fixed:0,fixed:1,fixed:2 --max-steps 3
+    --cache "$OUT/cache.sqlite" --strategies conductor,fixed:0,fixed:1,fixed:2 --max-steps 3 || {
+    c=$?; [ "$c" = 4 ] || exit "$c"; rc=4; }
   cat <<'EOF'
 
 What the comparison can and cannot say: its "In words" line above says whether the conductor and the best
@@ -31,3 +36,4 @@ package: QUESTIONS=gsm8k_test:50,mmlu_stem:50 bash infra/quickstart.sh (about 45
 four strategies together on 2 idle cores, so over an hour).
 EOF
 fi
+exit "$rc"
