@@ -70,7 +70,7 @@ def injection_exposures(calls: Sequence[CallRecord], injected: str) -> tuple[int
     >>> injection_exposures([bad, c(1, "... answer 7.", [0], fault="inject")], "7")
     (0, 0)
     """
-    from conductor.grading.extract import extract
+    from conductor.extract.answer import extract
 
     root = {c.step: c for c in calls if c.depth == 0}
     exposed = obeyed = 0

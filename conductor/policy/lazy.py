@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from conductor.policy.base import Generation, GenerationParams, PolicyBackend
+from conductor.generation import Generation, GenerationParams, PolicyBackend
 
 
 class LazyPolicy:

@@ -147,6 +147,7 @@ def measure_all(s: ReplaySettings, questions: Sequence[Question], state: dict[st
     """Every menu entry, the default, the hybrid cascade, GPT-4 and Mixtral alone, replayed (resumable per key;
     all again when the question set or the recording, ``recorded_now`` calls, changed)."""
     from conductor.policy.menu import WorkflowMenu
+    from conductor.policy.spec import parse_conductor_spec
     from conductor.policy.strategies import make_strategy, strategy_pool
     from conductor.workers.pool import load_pool
     from conductor.workflow import Workflow
@@ -160,8 +161,9 @@ def measure_all(s: ReplaySettings, questions: Sequence[Question], state: dict[st
         (e.spec, e.workflow, menu.pool, questions) for e in menu.entries]
     gsm = [q for q in questions if q.domain == "math"]
     for spec in (HYBRID_CASCADE, GPT4, MIXTRAL):
-        pool = strategy_pool(spec, hybrid)
-        wf = make_strategy(spec, pool).workflow
+        parsed = parse_conductor_spec(spec)
+        pool = strategy_pool(parsed, hybrid)
+        wf = make_strategy(parsed, pool).workflow
         if not isinstance(wf, Workflow):       # a fixed spec: its workflow does not depend on the question
             raise TypeError(f"{spec}: not a fixed workflow")
         todo.append((spec, wf, pool, gsm))
@@ -219,6 +221,7 @@ def train_menu(s: ReplaySettings, menu: WorkflowMenu, train: Sequence[Question],
     from conductor.execution.executor import Executor
     from conductor.learning.choice import ChoiceSettings, make_choice_conductor, train_choice_conductor
     from conductor.policy.menu import MENU_PREFILL, MenuBackend
+    from conductor.prompts import FewShotSpec
     from conductor.run.pipeline import RunSpec
     from conductor.run.shards import run_shard
 
@@ -235,7 +238,7 @@ def train_menu(s: ReplaySettings, menu: WorkflowMenu, train: Sequence[Question],
 
     def rollout(qs: Sequence[Question], run_id: str, samples: int, seed: int) -> list[Trajectory]:
         spec = RunSpec(run_id=run_id, kind="rollout", pool=menu.pool, checkpoint_id=f"menu-l{cost_lambda:g}",
-                       samples=samples, seed=seed, fewshot="none", temperature=s.train_temperature, max_tokens=8,
+                       samples=samples, seed=seed, fewshot=FewShotSpec.parse("none"), temperature=s.train_temperature, max_tokens=8,
                        max_steps=steps)
         return run_shard(qs, spec, backend, ex)
 
@@ -256,9 +259,10 @@ def evaluate_menu(backend: MenuBackend, menu: WorkflowMenu, questions: Sequence[
     """The trained conductor's greedy choice per question, and that entry's replayed outcome (the choice is one
     constrained token: its greedy value is the most probable entry, so the entry's own row is its outcome)."""
     from conductor.parser import parse_workflow
+    from conductor.prompts import FewShotSpec
     from conductor.run.pipeline import RunSpec, generate, plan
 
-    spec = RunSpec(run_id=label, kind="eval", pool=menu.pool, checkpoint_id=label, fewshot="none", temperature=0.0,
+    spec = RunSpec(run_id=label, kind="eval", pool=menu.pool, checkpoint_id=label, fewshot=FewShotSpec.parse("none"), temperature=0.0,
                    max_tokens=8, max_steps=max(len(e.workflow) for e in menu.entries))
     trajs = generate(plan(questions, spec), backend, spec)
     chosen: dict[str, str] = {}
