@@ -68,7 +68,7 @@ class IterationRecord:
 
 @dataclass(frozen=True)
 class HeadroomSummary:
-    """The headroom check run before training (conductor/stats/headroom.py), as the report shows it."""
+    """The headroom check run before training (conductor/stats/headroom/), as the report shows it."""
 
     verdict: str
     verdict_line: str
@@ -381,7 +381,7 @@ def plot_training_curves(history: list[dict[str, Any]], night: Night, tracking: 
 
 def night_headroom(config: NightlyConfig, night: Night, manifest: Pool, rollout: Rollout) -> HeadroomSummary:
     """Before training on a new pool: every worker alone on the evaluation questions (the same runs the report's
-    baselines reuse), then the headroom check over them (conductor/stats/headroom.py): pool- or router-bound."""
+    baselines reuse), then the headroom check over them (conductor/stats/headroom/): pool- or router-bound."""
     from conductor.lake.reader import scan
     from conductor.stats.headroom import OutcomeMatrix, headroom_report
 
