@@ -200,3 +200,17 @@ def test_impossible_limits_fail_only_that_workers_workflows(emu: Emulator) -> No
     assert out[0].infra_failed and out[0].infra_cause.startswith("permanent:")
     assert "tokens_per_minute is 1000" in out[0].infra_cause and not out[1].infra_failed
     assert emu.stats().get("openai", 0) == 0
+
+
+def test_a_local_worker_that_times_out_is_not_retried_into_its_busy_slot(emu: Emulator) -> None:
+    # a one-slot llama.cpp server keeps generating an abandoned reply: a retry would queue behind it and time out
+    emu.configure(latency_s=1.0)
+    local = worker(emu, "llama", "local", limits={"timeout_s": 0.3, "max_retries": 4})
+    remote = worker(emu, "gpt", "openai", limits={"timeout_s": 0.3, "max_retries": 2})
+    for w, attempts in ((local, 1), (remote, 3)):
+        emu.reset()
+        pool = Pool(pool_id="emu", workers=(w,))
+        [t] = run_batch([make_traj(lists([0], ["Solve it."], [[]]))], pool.full(), Executor(retry=FAST))
+        assert t.infra_failed and t.calls[0].error_kind == "timeout", t.calls[0].error
+        assert len(emu.requests()) == attempts and t.calls[0].retries == attempts - 1
+        assert ("not retried" in (t.calls[0].error or "")) == (w is local)

@@ -157,6 +157,21 @@ class RoundResult:
         return [(s.worker, s.subtask, self.responses.get(i, "")) for i, s in enumerate(workflow.steps)]
 
 
+class SlotStillBusy(ProviderError):
+    """A local worker's timeout, not retried: a llama.cpp server with one slot goes on generating the reply it
+    was asked for after the client gives up, so a retry queues behind that abandoned reply and times out in
+    turn (found on a loaded machine: one step retried 6 times over 65 minutes). The step fails at once; a
+    resumed run asks again when the server is free."""
+
+    def __init__(self, cause: ProviderError):
+        super().__init__("timeout", f"{cause} (not retried: the local server is still generating the abandoned reply)",
+                         status=cause.status)
+
+    @property
+    def retryable(self) -> bool:
+        return False
+
+
 class Executor:
     """Shared by every workflow of a batch: providers, rate limits, cache, retry policy, budgets.
 
@@ -345,6 +360,8 @@ class Executor:
                     permit.settle(0)
                     if e.kind == "rate_limited":
                         await key_limiter.penalize(e.retry_after)
+                    if e.kind == "timeout" and worker.provider == "local":
+                        raise SlotStillBusy(e) from None
                     raise
                 permit.settle(c.input_tokens + c.output_tokens)
                 return c
