@@ -60,6 +60,10 @@ def test_n_stop_and_max_completion_tokens(client):
     r = client.chat.completions.create(model="conductor", stop=["<answer>"],
                                        messages=[{"role": "user", "content": ITEMS[2][0]}])
     assert "<answer>" not in r.choices[0].message.content and r.choices[0].finish_reason == "stop"
+    for stop in (None, "<answer>"):     # null and a single string are OpenAI's other two forms (null once gave 500)
+        r = client.chat.completions.create(model="conductor", stop=stop, messages=[{"role": "user", "content": ITEMS[2][0]}])
+        text = r.choices[0].message.content or ""
+        assert text and ("<answer>" in text) == (stop is None)
 
 
 def test_a_null_max_completion_tokens_does_not_hide_max_tokens(server):

@@ -104,8 +104,9 @@ def _content_text(content: Any) -> str:
 
 
 Text = Annotated[str, BeforeValidator(_content_text)]
-Stop = Annotated[list[Annotated[str, Field(min_length=1)]] | None,
-                 BeforeValidator(lambda v: [v] if isinstance(v, str) else v), Field(None, max_length=4)]
+# OpenAI: a string, up to 4 strings, or null (the length bound sits on the list: on the Optional it broke null)
+Stop = Annotated[Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=4)] | None,
+                 BeforeValidator(lambda v: [v] if isinstance(v, str) else v)]
 Metadata = dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]]
 
 
