@@ -48,6 +48,7 @@ from conductor.testing.gateway_ab import (
     litellm_executable,
     median_ms,
     round_median_overhead,
+    sdk_floor,
     start_emulator,
     start_litellm,
 )
@@ -198,45 +199,6 @@ def cpu_s(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return float("nan")
-
-
-def sdk_floor(n: int = 500) -> float:
-    """CPU seconds the async ``openai`` SDK spends on one chat completion by itself: the same call against a
-    canned reply through httpx's MockTransport (no server, no socket). Part of every served request's
-    latency that no server can remove; the direct run has none of it."""
-    import json
-
-    import httpx
-    import openai
-
-    body = json.dumps({"id": "chatcmpl-0", "object": "chat.completion", "created": 0, "model": "conductor@bench",
-                       "choices": [{"index": 0, "message": {"role": "assistant", "content": "<answer>42</answer> " * 8,
-                                                            "refusal": None}, "logprobs": None, "finish_reason": "stop"}],
-                       "usage": {"prompt_tokens": 40, "completion_tokens": 30, "total_tokens": 70, "cost": 0.001}}).encode()
-
-    def reply(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=body, headers={"content-type": "application/json"})
-
-    async def main() -> float:
-        c = openai.AsyncOpenAI(base_url="http://sdk-floor/v1", api_key="bench",
-                               http_client=httpx.AsyncClient(transport=httpx.MockTransport(reply)))
-        q = questions(1)[0][0]
-
-        async def ask() -> None:
-            raw = await c.chat.completions.with_raw_response.create(model="conductor",
-                                                                    messages=[{"role": "user", "content": q}])
-            raw.parse()
-
-        for _ in range(50):
-            await ask()
-        t0 = time.process_time()
-        for _ in range(n):
-            await ask()
-        spent = time.process_time() - t0
-        await c.close()
-        return spent / n
-
-    return asyncio.run(main())
 
 
 def stop(proc: subprocess.Popen[bytes]) -> int:
@@ -394,7 +356,7 @@ def main() -> None:
     server_cpu_ms = server_cpu / len(items) * 1000
     print(f"CPU per request: server {server_cpu_ms:.2f} ms, SDK clients "
           f"{client_cpu / len(items) * 1000:.2f} ms (direct executor: {direct_cpu / len(items) * 1000:.2f} ms); "
-          f"the SDK alone on a canned reply: {sdk_floor() * 1000:.2f} ms; load {os.getloadavg()[0]:.2f}",
+          f"the SDK alone on a canned reply: {sdk_floor(questions(1)[0][0]) * 1000:.2f} ms; load {os.getloadavg()[0]:.2f}",
           flush=True)
     print(f"the server's own time under load (x-conductor-overhead-ms): p50 {pct(own, 0.5):.2f} ms, "
           f"p90 {pct(own, 0.9):.2f} ms (at {args.clients} clients it includes waiting for the event loop "

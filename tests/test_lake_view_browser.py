@@ -6,7 +6,7 @@ drop-downs, a training point is clicked through to its rollouts.
 Needs `chromium` (infra/install.sh installs it for the dev profile; infra/test.sh checks) and the `playwright`
 package (the dev extra); Playwright's own browser download is never used. With ``LAKE_VIEW_SCREENSHOTS=DIR``
 each page of the synthetic demo lake is also saved there as PNG, to look at; the committed screenshots in
-docs/figures/lake_view/ are of a real run's lake, taken by bench/lake_view_screenshots.py."""
+docs/figures/lake_view/ are of a real run's lake, taken by docs/figures/lake_view/screenshots.py."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ virtual environment (default /work/venv-litellm, or ``$BENCH_LITELLM``: the ``li
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import shutil
@@ -168,3 +169,43 @@ def round_median_overhead(gateway: Target, direct: Target) -> tuple[float, float
 
 def median_ms(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
+
+
+def sdk_floor(question: str, n: int = 500) -> float:
+    """CPU seconds the async ``openai`` SDK spends on one chat completion by itself: the same call against a
+    canned reply through httpx's MockTransport (no server, no socket). Part of every served request's
+    latency that no server can remove; the direct run has none of it."""
+    import json
+
+    import httpx
+    import openai
+
+    body = json.dumps({"id": "chatcmpl-0", "object": "chat.completion", "created": 0, "model": "conductor@bench",
+                       "choices": [{"index": 0, "message": {"role": "assistant", "content": "<answer>42</answer> " * 8,
+                                                            "refusal": None}, "logprobs": None, "finish_reason": "stop"}],
+                       "usage": {"prompt_tokens": 40, "completion_tokens": 30, "total_tokens": 70, "cost": 0.001}}).encode()
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=body, headers={"content-type": "application/json"})
+
+    async def main() -> float:
+        c = openai.AsyncOpenAI(base_url="http://sdk-floor/v1", api_key="bench",
+                               # typed as the SDK's vendored httpx2 client; httpx's own is what it wraps at runtime
+                               http_client=httpx.AsyncClient(transport=httpx.MockTransport(reply)))  # type: ignore[arg-type]
+        q = question
+
+        async def ask() -> None:
+            raw = await c.chat.completions.with_raw_response.create(model="conductor",
+                                                                    messages=[{"role": "user", "content": q}])
+            raw.parse()
+
+        for _ in range(50):
+            await ask()
+        t0 = time.process_time()
+        for _ in range(n):
+            await ask()
+        spent = time.process_time() - t0
+        await c.close()
+        return spent / n
+
+    return asyncio.run(main())

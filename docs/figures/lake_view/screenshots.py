@@ -2,7 +2,7 @@
 Chromium (/usr/bin/chromium) driven by Playwright for Python (the dev extra; `playwright install` is never run)
 against `conductor lake view` started by the real CLI on 127.0.0.1, as tests/test_lake_view_browser.py does.
 
-    python bench/lake_view_screenshots.py --lake runs/quickstart/lake \\
+    python docs/figures/lake_view/screenshots.py --lake runs/quickstart/lake \\
         --trajectory trajectory=<id> --trajectory trajectory-wrong=<id> --compare <run A> <run B>
 
 Each page is saved as ``NAME.png``, ``--width`` pixels wide, the top ``--max-height`` pixels of the whole page, in
