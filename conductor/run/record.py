@@ -89,6 +89,23 @@ class RecordSummary:
     wall_s: float = 0.0
     failed: list[tuple[str, str, str]] = field(default_factory=list)   # (question id, entry spec, cause)
 
+    def add(self, other: RecordSummary) -> None:
+        """Count ``other`` (a later chunk of the same recording) in; the wall time is the caller's to set."""
+        self.questions += other.questions
+        self.new_calls += other.new_calls
+        self.cached_calls += other.cached_calls
+        self.failures += other.failures
+        self.failed.extend(other.failed)
+
+    def line(self) -> str:
+        """The ``key=value`` line.
+
+        >>> RecordSummary(2, 5, 1, 0, 3.14159).line()
+        'questions=2 new_calls=5 cached_calls=1 failures=0 wall_s=3.1'
+        """
+        return (f"questions={self.questions} new_calls={self.new_calls} cached_calls={self.cached_calls} "
+                f"failures={self.failures} wall_s={self.wall_s:.1f}")
+
 
 def record_menu(questions: Sequence[Question], menu: WorkflowMenu, pool: Pool, cache: ResponseCache, *,
                 on_question: Callable[[RecordProgress], None] | None = None) -> RecordSummary:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from conductor.run.record import RecordProgress
+from conductor.run.record import RecordProgress, RecordSummary
 from conductor.run.workflow_replay.questions import (
     DEFAULT_CONDUCTOR,
     LOCAL_POOL,
@@ -43,26 +43,6 @@ class RecordSettings:
     shard: tuple[int, int] = (0, 1)        # (K, N): every N-th question from the K-th; N recorders share one cache
 
 
-@dataclasses.dataclass(frozen=True)
-class RecordTotals:
-    """What a recording run did (the bench's last line)."""
-
-    questions: int
-    new_calls: int
-    cached_calls: int
-    failures: int
-    wall_s: float
-
-    def line(self) -> str:
-        """The ``key=value`` line.
-
-        >>> RecordTotals(2, 5, 1, 0, 3.14159).line()
-        'questions=2 new_calls=5 cached_calls=1 failures=0 wall_s=3.1'
-        """
-        return (f"questions={self.questions} new_calls={self.new_calls} cached_calls={self.cached_calls} "
-                f"failures={self.failures} wall_s={self.wall_s:.1f}")
-
-
 def record_default(questions: Sequence[Question], cache: Path, out: Path) -> int:
     """The untrained default conductor over ``questions`` through ``conductor answer`` (exactly as a user runs it),
     into the same cache: its generations and any call no menu entry made are recorded; the rest are hits."""
@@ -74,7 +54,7 @@ def record_default(questions: Sequence[Question], cache: Path, out: Path) -> int
     return done.returncode
 
 
-def record(s: RecordSettings) -> RecordTotals:
+def record(s: RecordSettings) -> RecordSummary:
     """Record the menu and the default over the question set, printing a progress line per question."""
     from conductor.execution.cache import ResponseCache
     from conductor.local.servers import EmbeddedServers, resolve_embedded
@@ -94,7 +74,7 @@ def record(s: RecordSettings) -> RecordTotals:
     print(f"recording {len(menu)} menu entries and the default conductor over {len(questions)} questions "
           f"({sum(q.domain == 'math' for q in questions)} GSM8K, {sum(q.domain != 'math' for q in questions)} "
           f"MMLU-STEM) into {cache_path}, {s.chunk} questions at a time", flush=True)
-    t0, totals = time.perf_counter(), [0, 0, 0]
+    t0, total = time.perf_counter(), RecordSummary()
     for start in range(0, len(questions), s.chunk):
         chunk = questions[start:start + s.chunk]
         cache = ResponseCache(cache_path)
@@ -115,5 +95,6 @@ def record(s: RecordSettings) -> RecordTotals:
         code = record_default(chunk, cache_path, Path(s.runs) / "default")
         print(f"  default conductor on questions {start + 1}-{start + len(chunk)}: {time.perf_counter() - t1:.0f} s "
               f"(exit {code})", flush=True)
-        totals = [totals[0] + summary.new_calls, totals[1] + summary.cached_calls, totals[2] + summary.failures]
-    return RecordTotals(len(questions), totals[0], totals[1], totals[2], time.perf_counter() - t0)
+        total.add(summary)
+    total.questions, total.wall_s = len(questions), time.perf_counter() - t0
+    return total
