@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
 import textwrap
@@ -74,10 +75,17 @@ def test_rerun_and_replay_make_zero_calls(emu: Emulator, tmp_path: Path) -> None
     assert s1.spent_usd == pytest.approx(s1.cost_usd) and s2.spent_usd == 0 and s2.cache_hits == 24
 
 
-def test_replay_miss_is_an_infra_failure(emu: Emulator, tmp_path: Path) -> None:
+def test_replay_miss_is_an_infra_failure(emu: Emulator, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     pool = three_provider_pool(emu)
-    [t] = run_batch([make_traj(WF)], pool.full(), Executor(cache=ResponseCache(tmp_path / "empty.sqlite", mode="replay")))
-    assert t.infra_failed and t.infra_cause.startswith("cache_miss:") and sum(emu.stats().values()) == 0
+    ex = Executor(cache=ResponseCache(tmp_path / "empty.sqlite", mode="replay"))
+    with caplog.at_level(logging.WARNING, logger="conductor.execution.executor"):
+        out = run_batch([make_traj(WF, question=f"q{i}", qid=f"q{i}") for i in range(5)], pool.full(), ex)
+    assert all(t.infra_failed and t.infra_cause.startswith("cache_miss:") for t in out)
+    assert sum(emu.stats().values()) == 0
+    # a partial recording misses every call of every unrecorded question: one warning per worker, not per call
+    missed = {c.worker for t in out for c in t.calls if c.error_kind == "cache_miss"}
+    warned = [r.getMessage() for r in caplog.records if "cache_miss" in r.getMessage()]
+    assert len(warned) == len(missed) >= 1 and all("further misses" in m for m in warned)
 
 
 _WRITER = textwrap.dedent("""
