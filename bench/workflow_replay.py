@@ -69,8 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                      help="record every N-th question from the K-th (0-based): N processes, one core each, share "
                           "one cache (give each its own --runs)")
     rep = sub.add_parser("replay", help="replay every entry, train the menu conductor, the cascade; last line")
-    prog = sub.add_parser("progress", help="the recording so far: every entry and the default per dataset, the "
-                                           "oracle, paired differences (no training; writes OUT/progress.md)")
+    prog = sub.add_parser("progress", help="the recording so far per dataset, no training (OUT/progress.md)")
     for p in (rep, prog):
         p.add_argument("--gsm8k", type=int, default=300)
         p.add_argument("--mmlu", type=int, default=100)
@@ -88,8 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                      help="also train the hybrid GSM8K menu (local entries, Mixtral, the cascade, GPT-4) at this lambda")
     a = ap.parse_args(argv)
     if a.stage == "progress":
-        print(progress(ReplaySettings(a.gsm8k, a.mmlu, Path(a.cache), Path(a.state), Path(a.out))), flush=True)
-        return 0
+        return print(progress(ReplaySettings(a.gsm8k, a.mmlu, Path(a.cache), Path(a.state), Path(a.out)))) or 0
     if a.stage == "record":
         menu = tuple(a.menu.split(",")) if a.menu else RecordSettings.menu
         print(record(RecordSettings(a.gsm8k, a.mmlu, a.limit, menu, Path(a.pool), Path(a.cache), a.chunk,
