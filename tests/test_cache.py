@@ -10,6 +10,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conductor.execution.cache import ResponseCache, cache_key, copy_responses, export_responses
 from conductor.execution.executor import Executor
@@ -211,3 +213,22 @@ def test_carrying_a_missing_or_foreign_file_is_one_clear_error(tmp_path: Path) -
     sqlite3.connect(tmp_path / "other.sqlite").execute("CREATE TABLE t (x)")
     with pytest.raises(ValueError, match="other.sqlite: not a response cache"):
         copy_responses(tmp_path / "other.sqlite", tmp_path / "c.sqlite")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["system", "user", "assistant"]), st.text()), max_size=4))
+def test_messages_hash_is_the_sha256_of_compact_json(pairs) -> None:
+    """The lake's ``messages_hash`` keeps its definition (compact JSON, non-ASCII as is) whatever encodes it."""
+    import hashlib
+    import json
+
+    from conductor.execution.cache import messages_hash
+
+    body = json.dumps([list(p) for p in pairs], ensure_ascii=False, separators=(",", ":"))
+    try:
+        expected = hashlib.sha256(body.encode()).hexdigest()
+    except UnicodeEncodeError:       # a lone surrogate cannot be hashed either way
+        with pytest.raises(UnicodeEncodeError):
+            messages_hash([Message(r, c) for r, c in pairs])
+        return
+    assert messages_hash([Message(r, c) for r, c in pairs]) == expected
