@@ -7,6 +7,7 @@ In process: typer's CliRunner over the real commands, a real Parquet lake, and a
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import pytest
@@ -67,6 +68,9 @@ def _command(path: tuple[str, ...]):
 def test_options_are_the_model_fields_with_their_defaults_and_help(path):
     model, flags, hand = COMMANDS[path]
     cmd = _command(path)
+    own = inspect.signature(inspect.unwrap(cmd.callback)).parameters   # the function as written
+    assert not set(model.model_fields) & set(own), "a setting declared by hand"
+    assert any(p.kind is inspect.Parameter.VAR_KEYWORD for p in own.values())   # they come as **options
     assert {o for p in cmd.params for o in [*p.opts, *p.secondary_opts] if o.startswith("--")} == flags
     generated = {p.name: p for p in cmd.params if p.name not in hand}
     assert set(generated) == set(model.model_fields)          # every field an option, every other option a field
