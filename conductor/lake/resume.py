@@ -89,11 +89,13 @@ def current_rows(frame: pl.LazyFrame) -> pl.LazyFrame:
     resumed run kept as history, and an id that only failed keeps one failed row. A reader that scores a run
     (``conductor compare``) must read it through this, or a question retried after a failure counts twice.
 
-    >>> df = pl.LazyFrame({"trajectory_id": ["a", "a", "b", "c", "c"], "infra_failed": [True, False, True, True, True]})
+    >>> df = pl.LazyFrame({"trajectory_id": ["a", "a", "b", "c", "c", "d", "d"],
+    ...                    "infra_failed": [True, False, True, True, True, True, None]})
     >>> current_rows(df).sort("trajectory_id").collect().rows()
-    [('a', False), ('b', True), ('c', True)]
+    [('a', False), ('b', True), ('c', True), ('d', None)]
     """
-    return frame.sort("infra_failed", maintain_order=True).unique("trajectory_id", keep="first", maintain_order=True)
+    ok_first = pl.col("infra_failed").fill_null(False)    # an older file without the column: not failed
+    return frame.sort(ok_first, maintain_order=True).unique("trajectory_id", keep="first", maintain_order=True)
 
 
 # the temp name conductor/lake/writer.py's atomic_output gives a shard file while it is written; compacted
