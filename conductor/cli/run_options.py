@@ -15,14 +15,14 @@ import types
 import typing
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import annotated_types
 import typer
 from pydantic.fields import FieldInfo
 
 from conductor.cli import fail
-from conductor.run.config import ConfigError, RunConfig
+from conductor.run.config import ConfigError, RunConfig, TextOption
 
 C = TypeVar("C", bound=RunConfig)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -34,7 +34,7 @@ _SCALARS = (bool, int, float, str)
 
 
 def config_options(cls: type[RunConfig], *, argument: str | None = None, flags: Mapping[str, str] | None = None,
-                   exclude: Collection[str] = (), bounds: bool = True) -> Callable[[F], F]:
+                   exclude: Collection[str] = (), bounds: bool = True, file: bool = True) -> Callable[[F], F]:
     """Decorate a typer command so its parameters are ``cls``'s fields, then the function's own parameters.
 
     The function takes ``**options`` for the generated ones (field name -> value; pass them to
@@ -43,15 +43,17 @@ def config_options(cls: type[RunConfig], *, argument: str | None = None, flags: 
     defaults to true gets ``--name/--no-name``); ``exclude``:
     fields only a ``--config`` file sets; ``bounds``: click checks (and the help shows) a field's ``ge``/``le``
     bounds; without, the model checks them and a bad number is one ``error:`` line however the command is invoked.
-    Fields that hold a mapping or a list are never options (a command
-    declares its own, e.g. ``--grpo JSON``); any other non-scalar type (a typed spec) is typed as text."""
+    ``file=False``: the command reads no ``--config`` file, so a required field is a required option (click's
+    ``Missing option``). Fields that hold a mapping or a list are options only when their type is marked
+    ``TextOption`` (parsed from text: ``CommaList``, ``GRPOOverrides``); any other non-scalar type (a typed
+    spec) is typed as text."""
 
     def wrap(fn: F) -> F:
         own = list(inspect.signature(fn, eval_str=True).parameters.values())
         head = [p for p in own if p.annotation is typer.Context]
         tail = [p for p in own if p.annotation is not typer.Context and p.kind is not inspect.Parameter.VAR_KEYWORD]
         generated = [option_parameter(name, field, argument=name == argument, decl=(flags or {}).get(name),
-                                      bounds=bounds)
+                                      bounds=bounds, file=file)
                      for name, field in cls.model_fields.items()
                      if name not in exclude and cli_type(field.annotation) is not None]
 
@@ -68,20 +70,20 @@ def config_options(cls: type[RunConfig], *, argument: str | None = None, flags: 
 
 
 def option_parameter(name: str, field: FieldInfo, *, argument: bool = False, decl: str | None = None,
-                     bounds: bool = True) -> inspect.Parameter:
+                     bounds: bool = True, file: bool = True) -> inspect.Parameter:
     """One typer parameter from a configuration field: its default, ``min`` from ``ge``, help from ``description``.
 
     A required field defaults to None on the command line: the value may come from ``--config``, and the model
-    says it is missing when neither gives it."""
+    says it is missing when neither gives it (without a ``--config`` file, ``file=False``: a required option)."""
     required = field.is_required()
-    default = None if required else field.default
-    if not isinstance(default, (*_SCALARS, type(None))):
+    default = (None if file else ...) if required else field.default
+    if not isinstance(default, (*_SCALARS, type(None), type(...))):
         default = str(default)          # a typed value (a conductor spec): its text, which the model parses back
     flag = "--" + name.replace("_", "-")
     if decl is None and default is True:
         decl = f"{flag}/--no-{flag[2:]}"   # a flag that is on by default can be turned off
     text = field.description or ""
-    if required:
+    if required and file:
         text = f"{text.rstrip('.')} (or `{name}:` in --config).".strip()
     if argument:
         info = typer.Argument(default, show_default=False, help=text)
@@ -107,16 +109,17 @@ def cli_type(annotation: Any) -> type | None:
 
     >>> cli_type(int | None), cli_type(bool), cli_type(dict[str, int] | None), cli_type(list[str])
     (<class 'int'>, <class 'bool'>, None, None)
-    >>> cli_type(typing.Annotated[float, "gt 0"] | None)
-    <class 'float'>
+    >>> cli_type(typing.Annotated[float, "gt 0"] | None), cli_type(typing.Annotated[list[str], TextOption()])
+    (<class 'float'>, <class 'str'>)
     """
-    if typing.get_origin(annotation) is typing.Annotated:
-        annotation = typing.get_args(annotation)[0]
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
-        annotation = args[0]
-    if typing.get_origin(annotation) is typing.Annotated:   # Positive | None: the scalar inside
-        annotation = typing.get_args(annotation)[0]
+    for _ in range(2):   # Annotated[X | None, ...], or Positive | None: the type inside
+        if typing.get_origin(annotation) is typing.Annotated:
+            if any(isinstance(m, TextOption) for m in annotation.__metadata__):
+                return str                                  # a list or mapping its validator parses from text
+            annotation = typing.get_args(annotation)[0]
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+            annotation = args[0]
     if annotation in _SCALARS:
         return annotation
     if typing.get_origin(annotation) in (dict, list, tuple, set, Mapping) or annotation in (dict, list):
@@ -125,9 +128,9 @@ def cli_type(annotation: Any) -> type | None:
 
 
 def build_config(cls: type[C], ctx: typer.Context, config: Path | None, values: Mapping[str, Any],
-                 fields: Mapping[str, str] | None = None) -> C:
+                 fields: Mapping[str, str] | None = None, error: Callable[[str], NoReturn] = fail) -> C:
     """``cls`` from ``--config`` and the options typed on the command line (``values``: parameter name ->
-    value; ``fields`` renames a parameter to its field). Bad values: one ``error:`` line, exit 2."""
+    value; ``fields`` renames a parameter to its field). Bad values: one ``error:`` line (``error``), exit 2."""
     fields = dict(fields or {})
     given: dict[str, Any] = {}
     flags: dict[str, str] = {}
@@ -140,7 +143,7 @@ def build_config(cls: type[C], ctx: typer.Context, config: Path | None, values: 
     try:
         return cls.build(config, given, flags)
     except ConfigError as e:
-        fail(str(e))
+        error(str(e))
     raise AssertionError("unreachable")  # pragma: no cover  (fail raises)
 
 
