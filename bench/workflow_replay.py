@@ -10,6 +10,7 @@ Stages (each resumable; ``record`` runs for hours on one core, run it in the bac
 
     python bench/workflow_replay.py record [--gsm8k 300] [--mmlu 100] [--cache PATH]
     python bench/workflow_replay.py replay [--cache PATH] [--iterations 40] [--out docs/figures/workflow-replay]
+    python bench/workflow_replay.py progress   # the recording so far: every entry per dataset, no training
 
 The recording lives in ``$CONDUCTOR_HOME/recordings/workflow-menu.sqlite`` (default ``~/.cache/conductor/``): it is
 data, not source; ``export`` writes a gzipped snapshot that ``conductor`` reads back with ``copy_responses``.
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from conductor.run.workflow_replay.questions import LOCAL_POOL, default_cache
 from conductor.run.workflow_replay.recording import RecordSettings, record
-from conductor.run.workflow_replay.replay import ReplayError, ReplaySettings, ReplaySettingsError, replay
+from conductor.run.workflow_replay.replay import ReplayError, ReplaySettings, ReplaySettingsError, progress, replay
 
 
 def _lambdas(text: str) -> list[float]:
@@ -68,11 +69,13 @@ def main(argv: list[str] | None = None) -> int:
                      help="record every N-th question from the K-th (0-based): N processes, one core each, share "
                           "one cache (give each its own --runs)")
     rep = sub.add_parser("replay", help="replay every entry, train the menu conductor, the cascade; last line")
-    rep.add_argument("--gsm8k", type=int, default=300)
-    rep.add_argument("--mmlu", type=int, default=100)
-    rep.add_argument("--cache", default=str(default_cache()))
-    rep.add_argument("--state", default="runs/workflow-replay/replay", help="resumable results and trained models")
-    rep.add_argument("--out", default="docs/figures/workflow-replay")
+    prog = sub.add_parser("progress", help="the recording so far per dataset, no training (OUT/progress.md)")
+    for p in (rep, prog):
+        p.add_argument("--gsm8k", type=int, default=300)
+        p.add_argument("--mmlu", type=int, default=100)
+        p.add_argument("--cache", default=str(default_cache()))
+        p.add_argument("--state", default="runs/workflow-replay/replay", help="resumable results and trained models")
+        p.add_argument("--out", default="docs/figures/workflow-replay")
     rep.add_argument("--lambdas", type=_lambdas, default=[0.0, 0.4], help="cost lambdas; the first is the headline")
     rep.add_argument("--iterations", type=int, default=30)
     rep.add_argument("--questions-per-iteration", type=int, default=8)
@@ -83,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--hybrid-lambda", type=float, default=None,
                      help="also train the hybrid GSM8K menu (local entries, Mixtral, the cascade, GPT-4) at this lambda")
     a = ap.parse_args(argv)
+    if a.stage == "progress":
+        return print(progress(ReplaySettings(a.gsm8k, a.mmlu, Path(a.cache), Path(a.state), Path(a.out)))) or 0
     if a.stage == "record":
         menu = tuple(a.menu.split(",")) if a.menu else RecordSettings.menu
         print(record(RecordSettings(a.gsm8k, a.mmlu, a.limit, menu, Path(a.pool), Path(a.cache), a.chunk,

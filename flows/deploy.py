@@ -20,6 +20,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from flows.deploy_config import DeployStartConfig
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -31,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run a deployment every SECONDS instead of on its cron schedule")
     p.add_argument("--param", action="append", default=[], metavar="NAME.key=VALUE",
                    help="set a flow parameter (VALUE parsed as YAML: 2, true, [a, b])")
-    p.add_argument("--limit", type=int, default=1, help="flow runs executed at once by this process (default 1)")
+    p.add_argument("--limit", type=int, default=DeployStartConfig.model_fields["limit"].default,
+                   help="flow runs executed at once by this process (default %(default)s)")
     p.add_argument("--workdir", default=str(REPO),
                    help="working directory of the flow runs; relative paths in parameters resolve here (default: the repo)")
     p.add_argument("--skip-missing", action="store_true",

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conductor.execution.cache import ResponseCache, cache_key, copy_responses, export_responses
 from conductor.execution.executor import Executor
@@ -74,10 +77,17 @@ def test_rerun_and_replay_make_zero_calls(emu: Emulator, tmp_path: Path) -> None
     assert s1.spent_usd == pytest.approx(s1.cost_usd) and s2.spent_usd == 0 and s2.cache_hits == 24
 
 
-def test_replay_miss_is_an_infra_failure(emu: Emulator, tmp_path: Path) -> None:
+def test_replay_miss_is_an_infra_failure(emu: Emulator, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     pool = three_provider_pool(emu)
-    [t] = run_batch([make_traj(WF)], pool.full(), Executor(cache=ResponseCache(tmp_path / "empty.sqlite", mode="replay")))
-    assert t.infra_failed and t.infra_cause.startswith("cache_miss:") and sum(emu.stats().values()) == 0
+    ex = Executor(cache=ResponseCache(tmp_path / "empty.sqlite", mode="replay"))
+    with caplog.at_level(logging.WARNING, logger="conductor.execution.executor"):
+        out = run_batch([make_traj(WF, question=f"q{i}", qid=f"q{i}") for i in range(5)], pool.full(), ex)
+    assert all(t.infra_failed and t.infra_cause.startswith("cache_miss:") for t in out)
+    assert sum(emu.stats().values()) == 0
+    # a partial recording misses every call of every unrecorded question: one warning per worker, not per call
+    missed = {c.worker for t in out for c in t.calls if c.error_kind == "cache_miss"}
+    warned = [r.getMessage() for r in caplog.records if "cache_miss" in r.getMessage()]
+    assert len(warned) == len(missed) >= 1 and all("further misses" in m for m in warned)
 
 
 _WRITER = textwrap.dedent("""
@@ -203,3 +213,22 @@ def test_carrying_a_missing_or_foreign_file_is_one_clear_error(tmp_path: Path) -
     sqlite3.connect(tmp_path / "other.sqlite").execute("CREATE TABLE t (x)")
     with pytest.raises(ValueError, match="other.sqlite: not a response cache"):
         copy_responses(tmp_path / "other.sqlite", tmp_path / "c.sqlite")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["system", "user", "assistant"]), st.text()), max_size=4))
+def test_messages_hash_is_the_sha256_of_compact_json(pairs) -> None:
+    """The lake's ``messages_hash`` keeps its definition (compact JSON, non-ASCII as is) whatever encodes it."""
+    import hashlib
+    import json
+
+    from conductor.execution.cache import messages_hash
+
+    body = json.dumps([list(p) for p in pairs], ensure_ascii=False, separators=(",", ":"))
+    try:
+        expected = hashlib.sha256(body.encode()).hexdigest()
+    except UnicodeEncodeError:       # a lone surrogate cannot be hashed either way
+        with pytest.raises(UnicodeEncodeError):
+            messages_hash([Message(r, c) for r, c in pairs])
+        return
+    assert messages_hash([Message(r, c) for r, c in pairs]) == expected

@@ -175,3 +175,20 @@ def test_strategy_lists_split_back_into_their_specs(specs):
     canonical = [s.replace(",", "+") for s in specs]
     assert split_strategies(",".join(specs)) == canonical
     assert split_strategies(" , ".join(specs)) == canonical
+
+
+def test_a_question_retried_after_a_failure_counts_once(tmp_path):
+    """A resumed run keeps a failed attempt as history beside the successful retry (conductor/run/shards.py); the
+    comparison scores the retry alone, as resume counts it."""
+    from conductor.lake.writer import write_shard
+    from tests.lake_records import traj
+
+    lake = str(tmp_path / "lake")
+    first = [traj("r1", "q1", 0, kind="answer", infra_cause="rate limited"), traj("r1", "q2", 0, kind="answer")]
+    retry = [traj("r1", "q1", 0, kind="answer", correct=False)]
+    write_shard(lake, first, "shard-a")
+    write_shard(lake, retry, "shard-b")
+    assert scan(lake, "trajectories", kind="answer", run_id="r1").collect().height == 3   # the history stays
+    row = compare_runs(lake, [("fixed:0", "r1")]).rows[0]
+    assert row.n_questions == 2 and row.infra_failures == 0
+    assert row.average == pytest.approx(0.5)        # q1's retry (wrong) and q2 (right), not 2 of 3 rows

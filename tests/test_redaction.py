@@ -16,6 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from conductor.testing.emulator import Emulator, EmulatorConfig
 from tests.cli_checks import run
 
@@ -106,3 +109,17 @@ def test_7_secrets_in_urls_are_masked(tmp_path, monkeypatch):
 
     ckpt = checkpoint_of(parse_conductor_spec("openai:m@http://u:SECRET-pass@host/v1#VAR"))
     assert "SECRET-pass" not in ckpt and ckpt == "openai:m@http://[REDACTED]@host/v1#VAR"
+
+
+_KEYISH = st.sampled_from(["sk-", "sk-ant-", "sk-proj-", "AIza", "hf_", "bearer ", "Bearer\t", "BEARER  ", "bEaReR ",
+                           "abcdefghijklmnopqrstuvwxyz0123456789_-", "ABCDEFGHIJ", ".", " ", "\n", "sk", "AIz", "hf",
+                           "beare", "ſ", "K", "İ"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(_KEYISH, st.text(max_size=12)), max_size=24).map("".join))
+def test_redact_with_its_substring_prefilter_equals_the_full_pattern_scan(text):
+    """``redact`` skips the regex when no key prefix occurs; that shortcut must never change what it returns."""
+    from conductor.workers.secrets import _PATTERNS, REDACTED, redact
+
+    assert redact(text) == _PATTERNS.sub(REDACTED, text)

@@ -43,15 +43,26 @@ def test_promoted_champion_is_picked_up_without_dropping_requests(tmp_path):
 
         async def burst():
             c = openai.AsyncOpenAI(base_url=s.base_url, api_key="k", max_retries=0)
+            first_answered, picked_up = asyncio.Event(), asyncio.Event()
 
             async def one(i):
                 await asyncio.sleep(0.01 * i)
-                return await c.chat.completions.create(model="conductor",
-                                                       messages=[{"role": "user", "content": ITEMS[i][0]}])
+                if i == 39:      # the last request leaves once the server has switched (on a loaded machine too)
+                    await picked_up.wait()
+                r = await c.chat.completions.create(model="conductor",
+                                                    messages=[{"role": "user", "content": ITEMS[i][0]}])
+                if i == 0:
+                    first_answered.set()
+                return r
 
-            async def promote():
-                await asyncio.sleep(0.1)
+            async def promote():     # while requests are in flight: after the first answer, before the last
+                await first_answered.wait()
                 await asyncio.to_thread(reg.promote, "ck-b")
+                for _ in range(600):
+                    if s.engine.champion.checkpoint_id == "ck-b":
+                        break
+                    await asyncio.sleep(0.05)
+                picked_up.set()
 
             rs = await asyncio.gather(*(one(i) for i in range(40)), promote())
             await c.close()

@@ -390,6 +390,8 @@ def test_the_question_set_grows_by_keeping_its_prefix_and_its_spec_loads_exactly
     small, big = question_set(20, 8), question_set(40, 16)
     assert {q.id for q in small} <= {q.id for q in big}
     assert [q.id for q in big if q.id in {x.id for x in small}] == [q.id for q in small]   # the same merged order
+    # a prefix (a recording under way) mixes the datasets in the set's ratio: 40 GSM8K to 16 MMLU
+    assert all(abs(sum(q.domain == "math" for q in big[:n]) - n * 40 / 56) <= 1.5 for n in range(1, 57))
     assert [q.id for q in load_questions(slice_spec(small[:6]))] == [q.id for q in small[:6]]
     assert {split(q) for q in big} <= {"train", "validation", "test"} and [split(q) for q in small] == [
         split(q) for q in small]
@@ -414,3 +416,23 @@ def test_the_bench_refuses_a_bad_replay_option_with_one_line_and_exit_2(args, ne
                         "--state", str(tmp_path / "state")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert needle in r.stderr.strip().splitlines()[-1] and not (tmp_path / "state").exists()
+
+
+def test_progress_table_describes_the_recording_per_dataset_with_paired_differences_and_the_oracle():
+    from conductor.run.workflow_replay.report import Outcome, progress_table
+
+    qs = [Question(id=f"g{i}", dataset="gsm8k", domain="math", prompt=f"q{i}", gold="1") for i in range(4)]
+    qs += [Question(id=f"m{i}", dataset="mmlu", domain="mcq", prompt=f"m{i}", gold="A") for i in range(2)]
+    right = {"g0", "g1", "m0"}                      # fixed:0 right on these
+    other = {"g0", "g2", "m1"}                      # pot:0 right on these: together every question but g3
+
+    def rows(ok: set[str]) -> dict[str, Outcome]:
+        return {q.id: Outcome(q.id in ok, 10.0, 0.0) for q in qs}
+
+    results = {"fixed:0": rows(right), "pot:0": rows(other), "default": rows({"g0"})}
+    text = progress_table(results, qs, ["fixed:0", "pot:0"])
+    assert "GSM8K: 4 questions" in text and "MMLU-STEM: 2 questions" in text and "all: 6 questions" in text
+    all_part = text[text.index("all: 6 questions"):]
+    assert "| fixed:0 | 0.500 ± 0.224 | 10.0 | +0.000 ± 0.000 |" in all_part
+    assert "| default | 0.167 ± 0.167 | 10.0 | -0.333 ± 0.211 |" in all_part
+    assert "| any-correct oracle over the entries | 0.833 |" in all_part       # 5 of 6: only g3 is missed by both

@@ -1,15 +1,28 @@
-"""`conductor deploy start|list|run|yaml`: the scheduled deployments (defined in flows/deployments.py)."""
+"""`conductor deploy start|list|run|yaml`: the scheduled deployments (defined in flows/deployments.py).
+
+The options are generated from the fields of flows/deploy_config.py (conductor/cli/run_options.py); each
+subcommand also reads them from ``--config FILE`` (YAML)."""
 
 from __future__ import annotations
 
 import json
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, cast
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 
 from conductor.cli import app, fail
+from conductor.cli.run_options import CONFIG_HELP, build_config, config_options
+from flows.deploy_config import (
+    OVERRIDES,
+    DeployListConfig,
+    DeployOverrides,
+    DeployRunConfig,
+    DeployStartConfig,
+    DeployYamlConfig,
+)
 
 if TYPE_CHECKING:
     from flows.deployments import DeploymentSpec
@@ -19,31 +32,26 @@ deploy_app = typer.Typer(help="Scheduled deployments: nightly retraining and sch
 app.add_typer(deploy_app, name="deploy")
 
 
-def _specs(only: list[str], cron: list[str], interval: list[str], param: list[str],
-           env: Mapping[str, str] | None = None) -> list[DeploymentSpec]:
+def _specs(cfg: DeployOverrides, env: Mapping[str, str] | None = None) -> list[DeploymentSpec]:
     from flows.deployments import DeploymentConfigError, apply_overrides, deployment_specs
 
     try:
-        return apply_overrides(deployment_specs(env), only=only, cron=cron, interval=interval, params=param)
+        return apply_overrides(deployment_specs(env), only=cfg.only, cron=cfg.cron, interval=cfg.interval,
+                               params=cfg.param)
     except DeploymentConfigError as e:
         fail(str(e))
 
 
-ONLY = typer.Option([], "--only", help="Only these deployments (repeatable).")
-CRON = typer.Option([], "--cron", help="NAME=EXPR: replace a deployment's cron schedule.")
-INTERVAL = typer.Option([], "--interval", help="NAME=SECONDS: run every SECONDS instead.")
-PARAM = typer.Option([], "--param", help="NAME.key=VALUE: set a flow parameter (VALUE parsed as YAML).")
-
-
 @deploy_app.command("list")
-def list_cmd(only: list[str] = ONLY, cron: list[str] = CRON, interval: list[str] = INTERVAL, param: list[str] = PARAM,
-             server: bool = typer.Option(False, "--server", help="Also show what the Prefect server at PREFECT_API_URL "
-                                         "has registered, with each deployment's last flow run.")) -> None:
+@config_options(DeployListConfig, repeat=OVERRIDES)
+def list_cmd(ctx: typer.Context, config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
+             **options: Any) -> None:
     """Print the deployments (one JSON object per line) with their effective schedules and parameters."""
     from flows.deployments import describe
 
-    rows = describe(_specs(only, cron, interval, param))
-    if server:
+    cfg = build_config(DeployListConfig, ctx, config, options)
+    rows = describe(_specs(cfg))
+    if cfg.server:
         registered = _registered()
         for row in rows:
             row["server"] = registered.get(row["name"], "not registered")
@@ -95,37 +103,40 @@ def _registered() -> dict:
 
 
 @deploy_app.command("start")
-def start_cmd(only: list[str] = ONLY, cron: list[str] = CRON, interval: list[str] = INTERVAL, param: list[str] = PARAM,
-              limit: int = typer.Option(1, "--limit", min=1, help="Flow runs executed at once."),
-              skip_missing: bool = typer.Option(False, "--skip-missing", help="Run the others when a flow module is missing.")) -> None:
+@config_options(DeployStartConfig, repeat=OVERRIDES)
+def start_cmd(ctx: typer.Context, config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
+              **options: Any) -> None:
     """Register the deployments with the server at PREFECT_API_URL and run their scheduled flow runs (foreground)."""
     from flows.deploy import main
 
-    argv = [f"--only={x}" for x in only] + [f"--cron={x}" for x in cron] + [f"--interval={x}" for x in interval]
-    argv += [f"--param={x}" for x in param] + [f"--limit={limit}"] + (["--skip-missing"] if skip_missing else [])
+    cfg = build_config(DeployStartConfig, ctx, config, options)
+    argv = [f"--{name}={x}" for name in OVERRIDES for x in getattr(cfg, name)]
+    argv += [f"--limit={cfg.limit}"] + (["--skip-missing"] if cfg.skip_missing else [])
     code = main(argv)
     if code:
         raise typer.Exit(code)
 
 
 @deploy_app.command("run")
-def run_cmd(name: str = typer.Argument(..., help="Deployment name, e.g. scheduled-answering."),
-            param: list[str] = typer.Option([], "--param", help="key=VALUE overrides for this run only (YAML values)."),
-            wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait for the run to finish (a served or worker "
-                                      "process must pick it up)."),
-            timeout: float = typer.Option(3600, "--timeout", min=1, help="Seconds to wait.")) -> None:
+@config_options(DeployRunConfig, repeat=("param",))
+def run_cmd(ctx: typer.Context,
+            name: str = typer.Argument(..., help="Deployment name, e.g. scheduled-answering."),
+            config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
+            **options: Any) -> None:
     """Create a flow run of a registered deployment now; prints its id and final state."""
     import yaml
 
     from flows.deployments import DeploymentConfigError, deployment_specs, load_flow
 
+    cfg = build_config(DeployRunConfig, ctx, config, options)
+    wait, timeout = cfg.wait, cfg.timeout
     if not os.environ.get("PREFECT_API_URL"):
         fail("PREFECT_API_URL is not set (start a server with `bash infra/prefect-server.sh start`)")
     specs = {s.name: s for s in deployment_specs()}
     if name not in specs:
         fail(f"unknown deployment {name!r} (known: {', '.join(specs)})")
     params = {}
-    for item in param:
+    for item in cfg.param:
         key, ok, raw = item.partition("=")
         if not ok or not key:
             fail(f"--param {item}: expected key=VALUE")
@@ -149,10 +160,11 @@ def run_cmd(name: str = typer.Argument(..., help="Deployment name, e.g. schedule
 
 
 @deploy_app.command("yaml")
-def yaml_cmd(only: list[str] = ONLY, cron: list[str] = CRON, interval: list[str] = INTERVAL, param: list[str] = PARAM,
-             image_env: bool = typer.Option(False, "--image-env", help="Use the paths inside our images instead of "
-                                            "this shell's CONDUCTOR_* variables (how infra/prefect.yaml is made).")) -> None:
+@config_options(DeployYamlConfig, repeat=OVERRIDES)
+def yaml_cmd(ctx: typer.Context, config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
+             **options: Any) -> None:
     """Print the prefect.yaml for `prefect deploy` (infra/prefect.yaml is `conductor deploy yaml --image-env`)."""
     from flows.deployments import IMAGE_ENV, prefect_yaml
 
-    typer.echo(prefect_yaml(_specs(only, cron, interval, param, IMAGE_ENV if image_env else None)), nl=False)
+    cfg = build_config(DeployYamlConfig, ctx, config, options)
+    typer.echo(prefect_yaml(_specs(cfg, IMAGE_ENV if cfg.image_env else None)), nl=False)

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from conductor.cli import app, fail
+from conductor.cli.emulator_config import EmulatorOptions
+from conductor.cli.run_options import build_config, config_options
 
 
 @app.command("emulator")
-def emulator(port: int = typer.Option(8765, help="Port on 127.0.0.1."),
-             latency: float = typer.Option(0.0, help="Seconds added to every reply."),
-             jitter: float = typer.Option(0.0, help="Uniform extra latency in [0, jitter]."),
-             rpm: float = typer.Option(None, help="Enforce this requests/min per model (429 beyond it)."),
-             config: Path = typer.Option(None, help="JSON file of emulator settings (faults, scripted replies).")) -> None:
+@config_options(EmulatorOptions, bounds=False)
+def emulator(ctx: typer.Context,
+             port: int = typer.Option(8765, help="Port on 127.0.0.1."),
+             config: Path = typer.Option(None, help="JSON file of emulator settings (faults, scripted replies)."),
+             **options: Any) -> None:
     """Serve the OpenAI / Anthropic / Gemini provider emulator on 127.0.0.1 (for tests, benches, dry runs)."""
+    cfg = build_config(EmulatorOptions, ctx, None, options)   # not `config`: that is the emulator's JSON file
     try:   # a test double (conductor.testing), imported only here; it needs the dev extra
         from conductor.testing.emulator import main
     except ModuleNotFoundError as e:
@@ -24,8 +28,8 @@ def emulator(port: int = typer.Option(8765, help="Port on 127.0.0.1."),
 
     if config is not None and not config.is_file():
         fail(f"{config}: no such emulator config file")
-    argv = ["--port", str(port), "--latency", str(latency), "--jitter", str(jitter)]
-    argv += ["--rpm", str(rpm)] if rpm is not None else []   # 0 is refused there, never read as "no limit"
+    argv = ["--port", str(port), "--latency", str(cfg.latency), "--jitter", str(cfg.jitter)]
+    argv += ["--rpm", str(cfg.rpm)] if cfg.rpm is not None else []   # 0 is refused there, never read as "no limit"
     argv += ["--config", str(config)] if config else []
     main(argv)
 

@@ -59,7 +59,7 @@ def grade_line(line: str, lineno: int, where: str, code_grader: Any = None) -> s
 
 
 @app.command("grade")
-@config_options(GradeConfig, file=False)
+@config_options(GradeConfig)
 def grade_cmd(
     ctx: typer.Context,
     file: str = typer.Argument(..., help="JSONL file of {kind, gold, response, tests, entry_point}; '-' for stdin"),

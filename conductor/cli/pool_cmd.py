@@ -49,7 +49,7 @@ def show(file: Path = typer.Argument(..., help="Pool manifest (YAML).")) -> None
 
 
 @pool_app.command("sample")
-@config_options(PoolSampleConfig, file=False)
+@config_options(PoolSampleConfig)
 def sample(
     ctx: typer.Context,
     file: Path = typer.Argument(..., help="Pool manifest (YAML)."),

@@ -2,17 +2,20 @@
 
 The lake is a local directory or an s3:// URL (credentials and endpoint from the
 AWS_* environment); ``--lake`` falls back to $CONDUCTOR_LAKE. ``conductor query`` is a lake-only, read-only
-session (conductor/lake/queries.py ``sql``; docs/operations.md) unless ``--allow-files``.
+session (conductor/lake/queries.py ``sql``; docs/operations.md) unless ``--allow-files``. The options are
+generated from the models of conductor/cli/lake_config.py.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from conductor.cli import app, fail
+from conductor.cli.lake_config import ENGINES, FORMATS, KINDS, LAKE_ENV, QueryConfig, ReportConfig, StatsConfig
+from conductor.cli.run_options import build_config, config_options
 
 if TYPE_CHECKING:
     import polars as pl
@@ -22,9 +25,7 @@ if TYPE_CHECKING:
 lake_app = typer.Typer(help="Inspect the trajectory lake (stats, schema).", no_args_is_help=True)
 app.add_typer(lake_app, name="lake")
 
-_LAKE = typer.Option(..., "--lake", envvar="CONDUCTOR_LAKE", help="Lake root: a directory or s3://bucket/prefix.")
-_FORMATS = ("table", "csv", "json")
-_KINDS = ("rollout", "eval", "answer", "served")
+_FORMAT_HELP = "table, csv or json."
 
 
 def _open(lake: str) -> Lake:
@@ -74,27 +75,27 @@ def _print(df: pl.DataFrame, fmt: str) -> None:
 
 
 @app.command("query")
-def query(sql: str = typer.Argument(..., help="SQL over the views `trajectories` and `calls`."),
-          lake: str = _LAKE,
-          format: str = typer.Option("table", "--format", "-f", help="table, csv or json."),
-          engine: str = typer.Option("duckdb", "--engine", help="duckdb (full SQL) or polars (SQLContext)."),
-          allow_files: bool = typer.Option(False, "--allow-files", help="The full DuckDB session: files outside "
-                                           "the lake, COPY, ATTACH, extensions (default: lake-only and read-only).")) -> None:
+@config_options(QueryConfig, envvar=LAKE_ENV)
+def query(ctx: typer.Context,
+          sql: str = typer.Argument(..., help="SQL over the views `trajectories` and `calls`."),
+          format: str = typer.Option("table", "--format", "-f", help=_FORMAT_HELP),
+          **options: Any) -> None:
     """Ad-hoc read-only SQL over the lake (one SELECT/WITH/DESCRIBE/SHOW/EXPLAIN; no file outside the lake);
     corrupt files are skipped with a warning naming them."""
-    if format not in _FORMATS:
-        fail(f"--format must be one of {', '.join(_FORMATS)}, not {format!r}")
-    if engine not in ("duckdb", "polars"):
-        fail(f"--engine must be duckdb or polars, not {engine!r}")
+    cfg = build_config(QueryConfig, ctx, None, options)
+    if format not in FORMATS:
+        fail(f"--format must be one of {', '.join(FORMATS)}, not {format!r}")
+    if cfg.engine not in ENGINES:
+        fail(f"--engine must be {' or '.join(ENGINES)}, not {cfg.engine!r}")
     from conductor.lake.queries import QueryRefused
     from conductor.lake.queries import sql as run_sql
     from conductor.lake.schema import LakeSchemaError
 
     if not sql.strip():
         fail("query: empty SQL")
-    lk = _open(lake)
+    lk = _open(cfg.lake)
     try:
-        df = run_sql(lk, sql, engine=engine, allow_files=allow_files)
+        df = run_sql(lk, sql, engine=cfg.engine, allow_files=cfg.allow_files)
     except (LakeSchemaError, QueryRefused) as e:
         fail(f"query refused: {e}" if isinstance(e, QueryRefused) else str(e))
     except Exception as e:  # noqa: BLE001 - SQL errors from duckdb/polars become one line
@@ -103,10 +104,8 @@ def query(sql: str = typer.Argument(..., help="SQL over the views `trajectories`
 
 
 @app.command("report")
-def report(lake: str = _LAKE,
-           out: str = typer.Option(..., "--out", help="Directory for report.md and the PNG plots."),
-           run: str | None = typer.Option(None, "--run", help="Only this run_id."),
-           kind: str | None = typer.Option(None, "--kind", help="Only rollout, eval or answer rows.")) -> None:
+@config_options(ReportConfig, envvar=LAKE_ENV)
+def report(ctx: typer.Context, **options: Any) -> None:
     """Render the standard tables and plots (accuracy vs cost, workflow length, worker usage, failures)."""
     from pathlib import Path
 
@@ -114,15 +113,16 @@ def report(lake: str = _LAKE,
     from conductor.lake.schema import LakeSchemaError
     from conductor.run.preflight import UsageError, check_writable_dir
 
-    if kind is not None and kind not in _KINDS:
-        fail(f"--kind must be one of {', '.join(_KINDS)}, not {kind!r}")
+    cfg = build_config(ReportConfig, ctx, None, options)
+    if cfg.kind is not None and cfg.kind not in KINDS:
+        fail(f"--kind must be one of {', '.join(KINDS)}, not {cfg.kind!r}")
     try:
-        check_writable_dir(Path(out), "--out")
+        check_writable_dir(Path(cfg.out), "--out")
     except UsageError as e:
         fail(str(e))
-    lk = _open(lake)
+    lk = _open(cfg.lake)
     try:
-        rep = render_report(lk, out, run_id=run, kind=kind)
+        rep = render_report(lk, cfg.out, run_id=cfg.run, kind=cfg.kind)
     except LakeSchemaError as e:
         fail(str(e))
     except ValueError as e:
@@ -133,16 +133,19 @@ def report(lake: str = _LAKE,
 
 
 @lake_app.command("stats")
-def stats(lake: str = _LAKE,
-          run: str | None = typer.Option(None, "--run", help="Only this run_id."),
-          format: str = typer.Option("table", "--format", "-f", help="table, csv or json.")) -> None:
+@config_options(StatsConfig, envvar=LAKE_ENV)
+def stats(ctx: typer.Context,
+          format: str = typer.Option("table", "--format", "-f", help=_FORMAT_HELP),
+          **options: Any) -> None:
     """Trajectories, questions, shards, accuracy and dollars per (kind, date, run_id)."""
-    if format not in _FORMATS:
-        fail(f"--format must be one of {', '.join(_FORMATS)}, not {format!r}")
+    cfg = build_config(StatsConfig, ctx, None, options)
+    run = cfg.run
+    if format not in FORMATS:
+        fail(f"--format must be one of {', '.join(FORMATS)}, not {format!r}")
     from conductor.lake.queries import lake_stats
     from conductor.lake.schema import LakeSchemaError
 
-    lk = _open(lake)
+    lk = _open(cfg.lake)
     try:
         df = lake_stats(lk, run_id=run)
         n_files = {t: len(lk.list_files(t, run_id=run)) for t in ("trajectories", "calls")}

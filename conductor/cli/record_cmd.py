@@ -18,7 +18,7 @@ from conductor.run.command_config import RecordConfig
 
 
 @app.command("record")
-@config_options(RecordConfig, argument="questions", file=False)
+@config_options(RecordConfig, argument="questions")
 def record_cmd(ctx: typer.Context, **options: Any) -> None:
     """Record every menu entry's workflow on every question into CACHE (resumable; progress with ETA)."""
     from conductor.data.datasets import DatasetError

@@ -34,7 +34,8 @@ _SCALARS = (bool, int, float, str)
 
 
 def config_options(cls: type[RunConfig], *, argument: str | None = None, flags: Mapping[str, str] | None = None,
-                   exclude: Collection[str] = (), bounds: bool = True, file: bool = True) -> Callable[[F], F]:
+                   exclude: Collection[str] = (), bounds: bool = True, repeat: Collection[str] = (),
+                   envvar: Mapping[str, str] | None = None, file: bool | None = None) -> Callable[[F], F]:
     """Decorate a typer command so its parameters are ``cls``'s fields, then the function's own parameters.
 
     The function takes ``**options`` for the generated ones (field name -> value; pass them to
@@ -43,19 +44,24 @@ def config_options(cls: type[RunConfig], *, argument: str | None = None, flags: 
     defaults to true gets ``--name/--no-name``); ``exclude``:
     fields only a ``--config`` file sets; ``bounds``: click checks (and the help shows) a field's ``ge``/``le``
     bounds; without, the model checks them and a bad number is one ``error:`` line however the command is invoked.
-    ``file=False``: the command reads no ``--config`` file, so a required field is a required option (click's
-    ``Missing option``). Fields that hold a mapping or a list are options only when their type is marked
-    ``TextOption`` (parsed from text: ``CommaList``, ``GRPOOverrides``); any other non-scalar type (a typed
-    spec) is typed as text."""
+    Fields that hold a mapping or a list are never options (a command
+    declares its own, e.g. ``--grpo JSON``), except the lists named in ``repeat``: a repeatable option
+    (``--only A --only B``); any other non-scalar type (a typed spec) is typed as text. ``envvar``: the variable a
+    field's option falls back to. A command without a ``config`` parameter (no ``--config``) has its required
+    fields as required options: click names the one missing; ``file=False`` says so for a command whose
+    ``--config`` is another kind of file (``train-step``: a GRPO config). A list or mapping field whose type is
+    marked ``TextOption`` (``CommaList``, ``GRPOOverrides``) is an option too: its validator parses the text."""
 
     def wrap(fn: F) -> F:
         own = list(inspect.signature(fn, eval_str=True).parameters.values())
         head = [p for p in own if p.annotation is typer.Context]
         tail = [p for p in own if p.annotation is not typer.Context and p.kind is not inspect.Parameter.VAR_KEYWORD]
+        reads_file = any(p.name == "config" for p in own) if file is None else file
         generated = [option_parameter(name, field, argument=name == argument, decl=(flags or {}).get(name),
-                                      bounds=bounds, file=file)
+                                      bounds=bounds, repeat=name in repeat, envvar=(envvar or {}).get(name),
+                                      file=reads_file)
                      for name, field in cls.model_fields.items()
-                     if name not in exclude and cli_type(field.annotation) is not None]
+                     if name not in exclude and (name in repeat or cli_type(field.annotation) is not None)]
 
         @functools.wraps(fn)
         def command(**kwargs: Any) -> Any:
@@ -70,14 +76,20 @@ def config_options(cls: type[RunConfig], *, argument: str | None = None, flags: 
 
 
 def option_parameter(name: str, field: FieldInfo, *, argument: bool = False, decl: str | None = None,
-                     bounds: bool = True, file: bool = True) -> inspect.Parameter:
+                     bounds: bool = True, repeat: bool = False, envvar: str | None = None,
+                     file: bool = True) -> inspect.Parameter:
     """One typer parameter from a configuration field: its default, ``min`` from ``ge``, help from ``description``.
 
-    A required field defaults to None on the command line: the value may come from ``--config``, and the model
-    says it is missing when neither gives it (without a ``--config`` file, ``file=False``: a required option)."""
+    A required field defaults to None on the command line: the value may come from ``--config`` (``file``), and
+    the model says it is missing when neither gives it; without ``--config`` the option itself is required.
+    ``repeat``: a list field as a repeatable option."""
     required = field.is_required()
-    default = (None if file else ...) if required else field.default
-    if not isinstance(default, (*_SCALARS, type(None), type(...))):
+    default = None if required else field.get_default(call_default_factory=True)
+    if required and not file:
+        default = ...                   # click says "Missing option" (no file could give it)
+    elif repeat:
+        default = list(default or [])
+    elif not isinstance(default, (*_SCALARS, type(None))):
         default = str(default)          # a typed value (a conductor spec): its text, which the model parses back
     flag = "--" + name.replace("_", "-")
     if decl is None and default is True:
@@ -88,10 +100,12 @@ def option_parameter(name: str, field: FieldInfo, *, argument: bool = False, dec
     if argument:
         info = typer.Argument(default, show_default=False, help=text)
     else:
-        info = typer.Option(default, decl or flag, help=text or None, show_default=not required,
+        info = typer.Option(default, decl or flag, help=text or None, show_default=not required, envvar=envvar,
                             min=_bound(field, annotated_types.Ge) if bounds else None,
                             max=_bound(field, annotated_types.Le) if bounds else None)
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=cli_type(field.annotation))
+    kind = _item_type(field.annotation) if repeat else cli_type(field.annotation)
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info,
+                             annotation=list[kind] if repeat else kind)  # type: ignore[valid-type]
 
 
 def _bound(field: FieldInfo, kind: type[annotated_types.Ge] | type[annotated_types.Le]) -> int | float | None:
@@ -125,6 +139,15 @@ def cli_type(annotation: Any) -> type | None:
     if typing.get_origin(annotation) in (dict, list, tuple, set, Mapping) or annotation in (dict, list):
         return None
     return str
+
+
+def _item_type(annotation: Any) -> type:
+    """The scalar type of a list field's items (``list[str] | None`` -> str)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        annotation = args[0]
+    items = typing.get_args(annotation)
+    return items[0] if items and items[0] in _SCALARS else str
 
 
 def build_config(cls: type[C], ctx: typer.Context, config: Path | None, values: Mapping[str, Any],

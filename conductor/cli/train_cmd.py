@@ -113,7 +113,7 @@ def train_step(
 
 
 @app.command("eval-compare")
-@config_options(EvalCompareConfig, file=False)
+@config_options(EvalCompareConfig)
 def eval_compare(ctx: typer.Context, **options: Any) -> None:
     """Paired comparison of two evaluation runs: mean ± s.e. per domain, bootstrap and McNemar, calls and $."""
     c = build_config(EvalCompareConfig, ctx, None, options)
@@ -141,7 +141,7 @@ def eval_compare(ctx: typer.Context, **options: Any) -> None:
 
 
 @registry_app.command("show")
-@config_options(RegistryShowConfig, file=False)
+@config_options(RegistryShowConfig)
 def registry_show(
     ctx: typer.Context,
     as_json: bool = typer.Option(False, "--json", help="Print the whole registry as JSON."),
@@ -170,7 +170,7 @@ def registry_show(
 
 
 @registry_app.command("register")
-@config_options(RegisterConfig, file=False, flags={"checkpoint_id": "--id"})
+@config_options(RegisterConfig, flags={"checkpoint_id": "--id"})
 def registry_register(
     ctx: typer.Context,
     uri: str = typer.Argument(..., help="Checkpoint directory or URL (its lineage.json is read)."),
@@ -189,7 +189,7 @@ def registry_register(
 
 
 @registry_app.command("promote")
-@config_options(PromoteConfig, file=False)
+@config_options(PromoteConfig)
 def registry_promote(
     ctx: typer.Context,
     checkpoint_id: str = typer.Argument(..., help="Registered checkpoint id."),
@@ -222,7 +222,7 @@ def registry_promote(
 
 
 @registry_app.command("rollback")
-@config_options(RollbackConfig, file=False)
+@config_options(RollbackConfig)
 def registry_rollback(ctx: typer.Context, **options: Any) -> None:
     """Point the champion back at the previous champion."""
     from conductor.learning.registry import RegistryError

@@ -28,6 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+import orjson
+
 from conductor.execution.sqlite_wal import connect, connect_wal
 from conductor.files import atomic_path
 from conductor.workers.providers.base import Completion, Message, ProviderError
@@ -67,8 +69,12 @@ def messages_hash(messages: list[Message]) -> str:
     >>> messages_hash([Message("user", "hi")]) == messages_hash([Message("user", "hi")])
     True
     """
-    body = json.dumps([[m.role, m.content] for m in messages], ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(body.encode()).hexdigest()
+    pairs = [[m.role, m.content] for m in messages]
+    try:   # orjson writes the same bytes as json.dumps(ensure_ascii=False, compact) for lists of strings, 5x faster
+        body = orjson.dumps(pairs)
+    except TypeError:   # a lone surrogate: json's message, as before
+        body = json.dumps(pairs, ensure_ascii=False, separators=(",", ":")).encode()
+    return hashlib.sha256(body).hexdigest()
 
 
 MANIFEST_URL_OPTION = "manifest_base_url"

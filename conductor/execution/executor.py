@@ -195,6 +195,7 @@ class Executor:
         self._providers: dict[int, tuple[Worker, Provider]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._in_flight: dict[str, asyncio.Future[Completion]] = {}
+        self._misses_logged: set[str] = set()      # workers whose replay miss was logged (``_log_failure``)
         self.stats: dict[str, int] = {"calls": 0, "cache_hits": 0, "coalesced": 0, "retries": 0, "failures": 0}
 
     # ------------------------------------------------------------ plumbing
@@ -243,12 +244,25 @@ class Executor:
         except ProviderError as e:
             if not isinstance(e, BudgetStop):   # a spent dollar budget is the workflow's outcome, not a failure
                 self.stats["failures"] += 1
-                log.warning("call failed for %s (%s): %s", who, e.kind, e)
+                self._log_failure(who, e)
             rec.retries = getattr(e, "retries", rec.retries)
             rec.error = redact(str(e))
             rec.error_kind = e.kind
             rec.latency_s = time.perf_counter() - start
             raise
+
+    def _log_failure(self, who: str, e: ProviderError) -> None:
+        """A warning per failed call, but one per worker for replay misses: replaying a partial recording misses
+        every call of every question not recorded yet, and each miss is an infrastructure failure in its record
+        (and in the run's summary) already."""
+        if e.kind == "cache_miss":
+            if who in self._misses_logged:
+                log.debug("call failed for %s (%s): %s", who, e.kind, e)
+                return
+            self._misses_logged.add(who)
+            log.warning("call failed for %s (%s): %s (further misses of this worker are not logged)", who, e.kind, e)
+            return
+        log.warning("call failed for %s (%s): %s", who, e.kind, e)
 
     async def _reply(self, worker: Worker, messages: list[Message], rec: CallRecord, sample_index: int,
                      state: QuestionState, who: str, start: float) -> Completion:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import polars as pl
 import pyarrow.parquet as pq
 
 from conductor.lake.schema import METADATA_WRITE_KEY
@@ -81,6 +82,18 @@ def committed(lake_root: str | LakeLocation, kind: str, run_id: str, *, repair: 
                 state.failed_rows[tid] = state.failed_rows.get(tid, 0) + 1
     state.failed -= state.done   # a later successful attempt wins
     return state
+
+
+def current_rows(frame: pl.LazyFrame) -> pl.LazyFrame:
+    """One row per trajectory id, as ``committed`` counts them: a successful attempt wins over the failed ones a
+    resumed run kept as history, and an id that only failed keeps one failed row. A reader that scores a run
+    (``conductor compare``) must read it through this, or a question retried after a failure counts twice.
+
+    >>> df = pl.LazyFrame({"trajectory_id": ["a", "a", "b", "c", "c"], "infra_failed": [True, False, True, True, True]})
+    >>> current_rows(df).sort("trajectory_id").collect().rows()
+    [('a', False), ('b', True), ('c', True)]
+    """
+    return frame.sort("infra_failed", maintain_order=True).unique("trajectory_id", keep="first", maintain_order=True)
 
 
 # the temp name conductor/lake/writer.py's atomic_output gives a shard file while it is written; compacted

@@ -196,6 +196,7 @@ def _step_from_row(row: dict[str, Any]) -> dict[str, Any]:
 
 _ROUND_NAMES = tuple(f.name for f in dataclasses.fields(Round))
 _CALL_NAMES = tuple(f.name for f in dataclasses.fields(CallRecord))
+_TRAJECTORY_NAMES = tuple(f.name for f in dataclasses.fields(Trajectory) if f.name not in ("rounds", "calls"))
 
 
 def _shallow(obj: Any, names: tuple[str, ...]) -> dict[str, Any]:
@@ -211,8 +212,7 @@ def _round_row(r: Round) -> dict[str, Any]:
 
 def trajectory_row(t: Trajectory) -> dict[str, Any]:
     """The trajectories-table row (partition keys included) for one record."""
-    row: dict[str, Any] = {f.name: getattr(t, f.name) for f in dataclasses.fields(Trajectory)
-                           if f.name not in ("rounds", "calls")}
+    row = _shallow(t, _TRAJECTORY_NAMES)
     row["schema_version"] = SCHEMA_VERSION
     root = t.rounds[0] if t.rounds and t.rounds[0].depth == 0 else None
     if root is not None:

@@ -181,10 +181,13 @@ def _markdown_table(head: list[str], body: list[list[str]]) -> list[str]:
 # ------------------------------------------------------------------ reading runs
 
 def run_frame(lake: str, run_id: str, kind: str = "answer") -> pl.DataFrame:
-    """One run's trajectories (the columns the comparison needs)."""
+    """One run's trajectories (the columns the comparison needs), one row per trajectory: a question a resumed run
+    retried after an infrastructure failure counts once, by its successful attempt (``current_rows``)."""
     from conductor.lake.reader import scan
+    from conductor.lake.resume import current_rows
 
-    return scan(lake, "trajectories", kind=kind, run_id=run_id).select(list(_COLUMNS)).collect()
+    rows = current_rows(scan(lake, "trajectories", kind=kind, run_id=run_id).select("trajectory_id", *_COLUMNS))
+    return rows.drop("trajectory_id").collect()
 
 
 def answer_runs(lake: str, kind: str = "answer") -> list[tuple[str, str]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -271,6 +272,24 @@ class Server:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
 
+GC_GEN0_THRESHOLD = 20_000   # CPython's default is 700 allocations
+
+
+def settle_heap() -> None:
+    """After start-up: move every object alive now (modules, the pool, the conductor) out of the collector's reach
+    and collect the youngest generation less often.
+
+    A request allocates a few thousand short-lived objects; at the default gen-0 threshold of 700 the collector ran
+    several times per request and, every tenth and hundredth time, walked the start-up heap again. ``gc.freeze``
+    (what CPython's docs suggest for long-lived servers) keeps start-up objects out of every later collection;
+    a larger gen-0 threshold lets short-lived objects die by reference count before a collection sees them.
+    Measured on the bench's simulated pool: about 0.1-0.15 ms of CPU per request (docs/serving.md)."""
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
+
+
 def create_app(config: ServeConfig, engine: ServeEngine | None = None) -> Starlette:
     """The app; the engine starts (pool, default conductor, champion) in the app's lifespan."""
     server = Server(config, engine)
@@ -283,6 +302,7 @@ def create_app(config: ServeConfig, engine: ServeEngine | None = None) -> Starle
         if server.engine.live is None:
             await asyncio.to_thread(server.engine.start)
         await server.engine.astart()
+        settle_heap()
         try:
             yield
         finally:

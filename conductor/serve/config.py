@@ -42,7 +42,8 @@ class ServeConfig(RunConfig):
     reload_s: NonNegative = Field(2.0, description="Re-read the champion this often (0: never).")
     lake: str | None = Field(None, description="Write served traffic here (kind=served).")
     store_text: bool = Field(False, description="Keep the user's text in the lake.")
-    lake_batch: Count = Field(256, description="Rows per lake shard at most.")
+    lake_batch: Count = Field(1024, description="Rows per lake shard at most (a shard costs a fixed ~13 ms "
+                                                "of CPU, so larger shards cost less per row).")
     lake_flush_s: Positive = Field(5.0, description="A shard is written at least this often while traffic flows.")
     run_id: str | None = Field(None, description="Lake run id of served rows (default served-<UTC date>).")
     limits: LimitsField | None = Field(None, description="Worker rate limits: local, sqlite:PATH or prefect.")

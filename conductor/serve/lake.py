@@ -54,7 +54,7 @@ class ServedWriter:
     uncontended lock (no thread wake-up per row): the thread sleeps until ``batch`` rows wait or ``flush_s``
     has passed."""
 
-    def __init__(self, lake: str, *, batch: int = 256, flush_s: float = 5.0, store_text: bool = False):
+    def __init__(self, lake: str, *, batch: int, flush_s: float, store_text: bool = False):
         self.lake = lake
         self.batch = max(1, batch)
         self.flush_s = flush_s

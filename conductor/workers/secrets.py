@@ -33,6 +33,7 @@ _PATTERNS = re.compile(
     r"|(hf_[A-Za-z0-9]{20,})"
     r"|((?i:bearer)\s+[A-Za-z0-9._\-]{12,})"
 )
+_PREFIXES = ("sk-", "AIza", "hf_")    # every alternative of _PATTERNS starts with one of these, or with "bearer"
 
 _lock = threading.Lock()
 _env_names: set[str] = set(DEFAULT_KEY_ENVS)
@@ -105,6 +106,8 @@ def redact(text: str | None) -> str:
     for v in _secret_values():
         if v in text:
             text = text.replace(v, REDACTED)
+    if not (any(p in text for p in _PREFIXES) or "bearer" in text.lower()):
+        return text     # the regex scan costs ~1 us per character; a substring test is ~20x cheaper on clean text
     return _PATTERNS.sub(REDACTED, text)
 
 

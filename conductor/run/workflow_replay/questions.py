@@ -51,14 +51,30 @@ def _order(q: Question) -> str:
 
 def question_set(n_gsm8k: int, n_mmlu: int) -> list[Question]:
     """The first ``n_gsm8k`` RouteLLM-recorded GSM8K test questions and ``n_mmlu`` MMLU-STEM questions in
-    content-hash order, merged in that order."""
+    content-hash order, merged by each question's place in its own dataset's order (``stratified``), so that
+    every prefix of the set, which is what a recording still under way has, mixes the two in the set's ratio.
+
+    WHY not one hash order: the MMLU questions are the 100 lowest hashes of ~3,000, the GSM8K ones the 300 lowest
+    of ~1,300, so merged by hash the first hundred were three quarters MMLU (found on the recording, 2026-11-29)."""
     from conductor.data.datasets import load_dataset
     from conductor.workers.recordings import load_recordings
 
     gpt4 = load_recordings("routellm-gsm8k:", "gpt-4-1106-preview")
     gsm = sorted((q for q in load_dataset("gsm8k_test") if gpt4.find(q.prompt) is not None), key=_order)[:n_gsm8k]
     mmlu = sorted(load_dataset("mmlu_stem"), key=_order)[:n_mmlu]
-    return sorted(gsm + mmlu, key=_order)
+    return stratified([gsm, mmlu])
+
+
+def stratified(groups: Sequence[Sequence[Question]]) -> list[Question]:
+    """The groups merged by each item's fractional place in its own group (ties: the earlier group first).
+
+    >>> from conductor.data.questions import Question
+    >>> q = lambda i: Question(id=str(i), dataset="d", domain="math", prompt=str(i))
+    >>> [x.id for x in stratified([[q(1), q(2), q(3), q(4)], [q(8), q(9)]])]
+    ['1', '8', '2', '3', '9', '4']
+    """
+    ranked = [((i + 0.5) / len(g), k, i, x) for k, g in enumerate(groups) for i, x in enumerate(g)]
+    return [x for *_, x in sorted(ranked, key=lambda r: r[:3])]
 
 
 def split(q: Question) -> str:

@@ -24,7 +24,7 @@ from conductor.run.workflow_replay.questions import (
     slice_spec,
     split,
 )
-from conductor.run.workflow_replay.report import Figures, Outcome, Point, mean, point, report
+from conductor.run.workflow_replay.report import Figures, Outcome, Point, mean, point, progress_table, report
 
 if TYPE_CHECKING:
     from conductor.data.questions import Question
@@ -322,11 +322,9 @@ def _train_all(s: ReplaySettings, by_split: dict[str, list[Question]], results: 
     return trained, chosen_by
 
 
-def replay(s: ReplaySettings) -> ReplayResult:
-    """The whole replay stage; writes the table and plot under ``s.out``. Raises ``ReplayError`` when too few
-    questions are recorded for a train/test run."""
+def _measured(s: ReplaySettings) -> tuple[dict[str, dict[str, Outcome]], list[Question], int]:
+    """Every strategy replayed (resumable in ``s.state``), the questions all of them replay, and the set's size."""
     from conductor.execution.cache import ResponseCache
-    from conductor.stats.paired import mcnemar_exact
 
     state_path = Path(s.state) / "state.json"
     state = load_state(state_path)
@@ -334,11 +332,29 @@ def replay(s: ReplaySettings) -> ReplayResult:
     recorded_now = rec.count()     # a grown recording is replayed again
     rec.close()
     questions = question_set(s.gsm8k, s.mmlu)
-    t0 = time.perf_counter()
     results = measure_all(s, questions, state, state_path, recorded_now)
-    usable = recorded(results, questions)
+    return results, recorded(results, questions), len(questions)
+
+
+def progress(s: ReplaySettings) -> str:
+    """The ``progress`` stage: the recording so far without training (``progress_table``), also written to
+    ``s.out/progress.md``; for watching a recording that runs for hours."""
+    results, usable, _ = _measured(s)
+    text = progress_table(results, usable, MENU)
+    Path(s.out).mkdir(parents=True, exist_ok=True)
+    (Path(s.out) / "progress.md").write_text(text + "\n")
+    return text
+
+
+def replay(s: ReplaySettings) -> ReplayResult:
+    """The whole replay stage; writes the table and plot under ``s.out``. Raises ``ReplayError`` when too few
+    questions are recorded for a train/test run."""
+    from conductor.stats.paired import mcnemar_exact
+
+    t0 = time.perf_counter()
+    results, usable, n_questions = _measured(s)
     by_split = {sp: [q for q in usable if split(q) == sp] for sp in ("train", "validation", "test")}
-    print(f"recorded questions: {len(usable)} of {len(questions)} (train {len(by_split['train'])}, validation "
+    print(f"recorded questions: {len(usable)} of {n_questions} (train {len(by_split['train'])}, validation "
           f"{len(by_split['validation'])}, test {len(by_split['test'])}); replayed in {time.perf_counter() - t0:.0f} s",
           flush=True)
     if len(by_split["test"]) < 2 or len(by_split["train"]) < 2:

@@ -62,6 +62,40 @@ def point(label: str, rows: dict[str, Outcome], qids: Sequence[str]) -> Point:
     return Point(label, mean(acc), se(acc), mean([o.seconds for o in got]), mean([o.dollars for o in got]), len(got))
 
 
+def paired_difference(a: dict[str, Outcome], b: dict[str, Outcome], qids: Sequence[str]) -> tuple[float, float]:
+    """Mean and standard error of (a right) - (b right) over the questions both replayed (paired, per question).
+
+    >>> ok, no = Outcome(True, 1.0, 0.0), Outcome(False, 1.0, 0.0)
+    >>> paired_difference({"x": ok, "y": ok}, {"x": no, "y": ok}, ["x", "y"])
+    (0.5, 0.5)
+    """
+    diffs = [float(a[q].correct) - float(b[q].correct) for q in qids
+             if q in a and q in b and not a[q].infra and not b[q].infra]
+    return mean(diffs), se(diffs)
+
+
+def progress_table(results: dict[str, dict[str, Outcome]], questions: Sequence[Question], entries: Sequence[str],
+                   baseline: str = "fixed:0") -> str:
+    """The recording so far, as Markdown: each entry and the default per dataset on every question all of them
+    replay (every split: a description of the recording, not a held-out result), the paired difference to
+    ``baseline``, and the any-correct oracle over the entries (the headroom a per-question choice could reach)."""
+    lines = []
+    for name, qs in (("GSM8K", [q for q in questions if q.domain == "math"]),
+                     ("MMLU-STEM", [q for q in questions if q.domain != "math"]), ("all", list(questions))):
+        ids = [q.id for q in qs]
+        if not ids:
+            continue
+        lines += [f"{name}: {len(ids)} questions", "",
+                  f"| strategy | accuracy ± s.e. | seconds/q | minus {baseline} (paired) |", "|---|---:|---:|---:|"]
+        for key in [*entries, "default"]:
+            p = point(key, results[key], ids)
+            d, d_se = paired_difference(results[key], results[baseline], ids)
+            lines.append(f"| {key} | {p.accuracy:.3f} ± {p.se:.3f} | {p.seconds:.1f} | {d:+.3f} ± {d_se:.3f} |")
+        oracle = mean([float(any(results[k][q].correct for k in entries)) for q in ids])
+        lines += [f"| any-correct oracle over the entries | {oracle:.3f} | | |", ""]
+    return "\n".join(lines)
+
+
 @dataclasses.dataclass(frozen=True)
 class Figures:
     """Every point of one replay, for the table and the plot."""
