@@ -22,11 +22,10 @@ from conductor.run.config import MLflowTracking, TrainConfig
 @task(name="grpo-step", cache_policy=NONE, timeout_seconds=None)
 def grpo_step_task(c: TrainConfig, nproc_per_node: int = 1) -> TrainResult:
     """The step itself: in this process, or as ``nproc_per_node`` torchrun processes."""
-    from conductor.learning.grpo.config import GRPOConfig
     from conductor.learning.grpo.usage import record_update
 
     base, lake, run_id, out, checkpoint_id = c.base, c.lake, c.run_id, c.out, c.checkpoint_id
-    cfg = GRPOConfig(**c.grpo) if c.grpo else GRPOConfig()
+    cfg = c.grpo_config()   # the preset's (default: GRPOConfig's) settings with c.grpo over them
     if nproc_per_node > 1:
         from conductor.learning.grpo.launch import torchrun_train_step
 
@@ -81,7 +80,7 @@ def train_flow(config: TrainConfig) -> TrainResult:
     else:
         from conductor.learning.grpo.launch import processes_for
 
-        result = grpo_step_task(c, processes_for(c.grpo or {}, c.nproc_per_node))
+        result = grpo_step_task(c, processes_for(c.grpo_config().to_json(), c.nproc_per_node))
         log.info("GRPO step on %s -> %s: %s", c.run_id, result.uri, result.metrics)
     if c.tracking:
         metrics = {**result.metrics, "rollout_run": c.run_id}

@@ -13,6 +13,8 @@ from typing import Any
 import typer
 
 from conductor.cli import app, fail, interrupted
+from conductor.cli.run_options import build_config, config_options
+from conductor.run.command_config import GradeConfig
 
 MAX_TIMEOUT_S = 3600.0   # a bounded wait: one sandboxed run never blocks the command longer
 _LINE_SEPARATORS = {c: f"\\u{c:04x}" for c in (0x0B, 0x0C, 0x1C, 0x1D, 0x1E, 0x85, 0x2028, 0x2029)}
@@ -57,10 +59,11 @@ def grade_line(line: str, lineno: int, where: str, code_grader: Any = None) -> s
 
 
 @app.command("grade")
+@config_options(GradeConfig)
 def grade_cmd(
+    ctx: typer.Context,
     file: str = typer.Argument(..., help="JSONL file of {kind, gold, response, tests, entry_point}; '-' for stdin"),
-    workers: int = typer.Option(0, help="lines graded in parallel (0 = number of cores)"),
-    timeout: float = typer.Option(10.0, help="wall-clock seconds per sandboxed code run"),
+    **options: Any,
 ) -> None:
     """Grade model responses; print one {"correct", "extracted", "error"} JSON line per input line."""
     import math
@@ -70,6 +73,8 @@ def grade_cmd(
     from conductor.grading.code import CodeGrader
     from conductor.sandbox import Limits
 
+    c = build_config(GradeConfig, ctx, None, options)
+    workers, timeout = c.workers, c.timeout
     if workers < 0:
         fail(f"--workers must be 0 (one per core) or more, got {workers}")
     if not math.isfinite(timeout) or not 0 < timeout <= MAX_TIMEOUT_S:

@@ -86,7 +86,6 @@ def rollout_cmd(
 @config_options(EvaluateConfig, argument="questions")
 def evaluate_cmd(
     ctx: typer.Context,
-    heldout: str = typer.Option(None, "--heldout-workers", help="Comma-separated workers forming a held-out sub-pool."),
     config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
     **options: Any,
 ) -> None:
@@ -94,8 +93,7 @@ def evaluate_cmd(
     from conductor.cli.boundary import flow_errors
     from flows.evaluate import evaluate_flow
 
-    workers = [w.strip() for w in heldout.split(",") if w.strip()] if heldout else None
-    cfg = build_config(EvaluateConfig, ctx, config, {**options, "heldout": workers}, fields={"heldout": "heldout_workers"})
+    cfg = build_config(EvaluateConfig, ctx, config, options)
     _check(Path(cfg.pool), {"--candidate": cfg.candidate, "--champion": cfg.champion}, questions=cfg.questions,
            limit=cfg.limit)
     with flow_errors():
@@ -107,7 +105,6 @@ def evaluate_cmd(
 @config_options(NightlyConfig, flags={"train_questions": "--train", "eval_questions": "--eval"})
 def nightly_cmd(
     ctx: typer.Context,
-    grpo: str = typer.Option(None, "--grpo", help="GRPO config overrides as JSON, e.g. '{\"learning_rate\": 1e-5}'."),
     config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
     **options: Any,
 ) -> None:
@@ -117,11 +114,7 @@ def nightly_cmd(
     from conductor.data.questionset import check_disjoint, load_questions
     from flows.nightly import nightly_flow
 
-    try:
-        overrides = json.loads(grpo) if grpo else None
-    except json.JSONDecodeError as e:
-        fail(f"--grpo: not JSON: {e.msg} at column {e.colno}")
-    cfg = build_config(NightlyConfig, ctx, config, {**options, "grpo": overrides})
+    cfg = build_config(NightlyConfig, ctx, config, options)   # --grpo: JSON text, parsed by the model
     _check(Path(cfg.pool))
     _check_nightly(cfg)
     try:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from conductor.cli import app, fail
+from conductor.cli.run_options import build_config, config_options
+from conductor.run.command_config import PoolSampleConfig
 
 if TYPE_CHECKING:
     from conductor.workers.pool import Pool
@@ -47,15 +49,17 @@ def show(file: Path = typer.Argument(..., help="Pool manifest (YAML).")) -> None
 
 
 @pool_app.command("sample")
+@config_options(PoolSampleConfig)
 def sample(
+    ctx: typer.Context,
     file: Path = typer.Argument(..., help="Pool manifest (YAML)."),
-    k: int = typer.Option(..., "--k", min=1, help="How many workers the sub-pool has."),
-    seed: int = typer.Option(0, "--seed", help="Random seed; the same seed gives the same sub-pool."),
-    shuffle: bool = typer.Option(False, "--shuffle", help="Random order instead of manifest order."),
+    **options: Any,
 ) -> None:
     """Draw a random k-of-n sub-pool; print the ordinal -> worker mapping as JSON."""
     from conductor.workers.pool import PoolError
 
+    c = build_config(PoolSampleConfig, ctx, None, options)
+    k, seed, shuffle = c.k, c.seed, c.shuffle
     p = _load(file)
     try:
         sub = p.sample(k, seed, shuffle=shuffle)

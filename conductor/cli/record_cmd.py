@@ -8,22 +8,18 @@ GRPO over the menu) without calling a model. Rerun the same command to resume: r
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from conductor.cli import app, fail, interrupted
-from conductor.run.config import DEFAULT_POOL
+from conductor.cli.run_options import build_config, config_options
+from conductor.run.command_config import RecordConfig
 
 
 @app.command("record")
-def record_cmd(
-    questions: str = typer.Argument(..., help="Question set, as for `conductor answer` (e.g. gsm8k_test:50)."),
-    menu: str = typer.Option(..., "--menu", help="Strategy specs, comma-separated: the workflows to record "
-                             "(e.g. fixed:0,pot:0,chain:0:1,moa:0:0,cascade:0+pot-0:0)."),
-    cache: Path = typer.Option(..., "--cache", help="The response cache to record into (SQLite; created)."),
-    pool: Path = typer.Option(DEFAULT_POOL, "--pool", help="Worker pool manifest."),
-    limit: int = typer.Option(None, "--limit", min=1, help="Only the first N questions."),
-) -> None:
+@config_options(RecordConfig, argument="questions")
+def record_cmd(ctx: typer.Context, **options: Any) -> None:
     """Record every menu entry's workflow on every question into CACHE (resumable; progress with ETA)."""
     from conductor.data.datasets import DatasetError
     from conductor.execution.cache import ResponseCache
@@ -33,6 +29,9 @@ def record_cmd(
     from conductor.run.preflight import UsageError, check_cache_file, check_pool, check_questions
     from conductor.run.record import record_menu
 
+    c = build_config(RecordConfig, ctx, None, options)
+    questions, menu, limit = c.questions, c.menu, c.limit
+    cache, pool = Path(c.cache), Path(c.pool)   # as typed, like the Path options they were
     try:
         manifest = check_pool(pool)
         qs = check_questions(questions, limit)

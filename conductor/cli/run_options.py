@@ -15,14 +15,14 @@ import types
 import typing
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import annotated_types
 import typer
 from pydantic.fields import FieldInfo
 
 from conductor.cli import fail
-from conductor.run.config import ConfigError, RunConfig
+from conductor.run.config import ConfigError, RunConfig, TextOption
 
 C = TypeVar("C", bound=RunConfig)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -35,7 +35,7 @@ _SCALARS = (bool, int, float, str)
 
 def config_options(cls: type[RunConfig], *, argument: str | None = None, flags: Mapping[str, str] | None = None,
                    exclude: Collection[str] = (), bounds: bool = True, repeat: Collection[str] = (),
-                   envvar: Mapping[str, str] | None = None) -> Callable[[F], F]:
+                   envvar: Mapping[str, str] | None = None, file: bool | None = None) -> Callable[[F], F]:
     """Decorate a typer command so its parameters are ``cls``'s fields, then the function's own parameters.
 
     The function takes ``**options`` for the generated ones (field name -> value; pass them to
@@ -48,16 +48,18 @@ def config_options(cls: type[RunConfig], *, argument: str | None = None, flags: 
     declares its own, e.g. ``--grpo JSON``), except the lists named in ``repeat``: a repeatable option
     (``--only A --only B``); any other non-scalar type (a typed spec) is typed as text. ``envvar``: the variable a
     field's option falls back to. A command without a ``config`` parameter (no ``--config``) has its required
-    fields as required options: click names the one missing."""
+    fields as required options: click names the one missing; ``file=False`` says so for a command whose
+    ``--config`` is another kind of file (``train-step``: a GRPO config). A list or mapping field whose type is
+    marked ``TextOption`` (``CommaList``, ``GRPOOverrides``) is an option too: its validator parses the text."""
 
     def wrap(fn: F) -> F:
         own = list(inspect.signature(fn, eval_str=True).parameters.values())
         head = [p for p in own if p.annotation is typer.Context]
         tail = [p for p in own if p.annotation is not typer.Context and p.kind is not inspect.Parameter.VAR_KEYWORD]
-        file = any(p.name == "config" for p in own)
+        reads_file = any(p.name == "config" for p in own) if file is None else file
         generated = [option_parameter(name, field, argument=name == argument, decl=(flags or {}).get(name),
                                       bounds=bounds, repeat=name in repeat, envvar=(envvar or {}).get(name),
-                                      file=file)
+                                      file=reads_file)
                      for name, field in cls.model_fields.items()
                      if name not in exclude and (name in repeat or cli_type(field.annotation) is not None)]
 
@@ -121,16 +123,17 @@ def cli_type(annotation: Any) -> type | None:
 
     >>> cli_type(int | None), cli_type(bool), cli_type(dict[str, int] | None), cli_type(list[str])
     (<class 'int'>, <class 'bool'>, None, None)
-    >>> cli_type(typing.Annotated[float, "gt 0"] | None)
-    <class 'float'>
+    >>> cli_type(typing.Annotated[float, "gt 0"] | None), cli_type(typing.Annotated[list[str], TextOption()])
+    (<class 'float'>, <class 'str'>)
     """
-    if typing.get_origin(annotation) is typing.Annotated:
-        annotation = typing.get_args(annotation)[0]
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
-        annotation = args[0]
-    if typing.get_origin(annotation) is typing.Annotated:   # Positive | None: the scalar inside
-        annotation = typing.get_args(annotation)[0]
+    for _ in range(2):   # Annotated[X | None, ...], or Positive | None: the type inside
+        if typing.get_origin(annotation) is typing.Annotated:
+            if any(isinstance(m, TextOption) for m in annotation.__metadata__):
+                return str                                  # a list or mapping its validator parses from text
+            annotation = typing.get_args(annotation)[0]
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+            annotation = args[0]
     if annotation in _SCALARS:
         return annotation
     if typing.get_origin(annotation) in (dict, list, tuple, set, Mapping) or annotation in (dict, list):
@@ -148,9 +151,9 @@ def _item_type(annotation: Any) -> type:
 
 
 def build_config(cls: type[C], ctx: typer.Context, config: Path | None, values: Mapping[str, Any],
-                 fields: Mapping[str, str] | None = None) -> C:
+                 fields: Mapping[str, str] | None = None, error: Callable[[str], NoReturn] = fail) -> C:
     """``cls`` from ``--config`` and the options typed on the command line (``values``: parameter name ->
-    value; ``fields`` renames a parameter to its field). Bad values: one ``error:`` line, exit 2."""
+    value; ``fields`` renames a parameter to its field). Bad values: one ``error:`` line (``error``), exit 2."""
     fields = dict(fields or {})
     given: dict[str, Any] = {}
     flags: dict[str, str] = {}
@@ -163,7 +166,7 @@ def build_config(cls: type[C], ctx: typer.Context, config: Path | None, values: 
     try:
         return cls.build(config, given, flags)
     except ConfigError as e:
-        fail(str(e))
+        error(str(e))
     raise AssertionError("unreachable")  # pragma: no cover  (fail raises)
 
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Required, TypeVar
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict
 
 from conductor.execution.executor import Budget
@@ -27,6 +28,7 @@ from conductor.resources import data_path
 from conductor.workflow import DEFAULT_MAX_STEPS
 
 if TYPE_CHECKING:
+    from conductor.learning.grpo.config import GRPOConfig
     from conductor.workers.pool import Pool
 
 DEFAULT_POOL = str(data_path("pools", "local.yaml"))
@@ -49,6 +51,54 @@ MaxSteps = Annotated[int, Field(ge=1)]     # default conductor.workflow.DEFAULT_
 # Dollars per question, named as the executor's ``Budget.max_dollars`` from the configuration down; the command
 # line keeps ``--max-cost`` and a YAML file may still say ``max_cost:`` (its first name).
 MaxDollars = Annotated[float | None, Field(gt=0, validation_alias=AliasChoices("max_dollars", "max_cost"))]
+
+
+class TextOption:
+    """Marks a list or mapping field that is a command-line option all the same: its text (comma-separated
+    names, a JSON object) is parsed by the field's validator (``cli/run_options.py: cli_type``)."""
+
+
+TEXT_OPTION = TextOption()
+
+
+def _comma_list(value: Any) -> Any:
+    """``a, b`` -> ``["a", "b"]`` (an empty text: unset); a list (from a file) as it is."""
+    if isinstance(value, str):
+        return [w.strip() for w in value.split(",") if w.strip()] if value else None
+    return value
+
+
+def _json_object(value: Any) -> Any:
+    """A JSON object's text -> its mapping (an empty text: unset); a mapping (from a file) as it is."""
+    if not isinstance(value, str):
+        return value
+    if not value:
+        return None
+    try:
+        data = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise PydanticCustomError("json_text", "not JSON: {msg} at column {column}",
+                                  {"msg": e.msg, "column": e.colno}) from None
+    if not isinstance(data, dict):
+        raise PydanticCustomError("json_object", "must be a JSON object of GRPOConfig fields")
+    return data
+
+
+# A list of names: comma-separated on the command line (`--heldout-workers a,b`), a list in a file.
+CommaList = Annotated[list[str], BeforeValidator(_comma_list), TEXT_OPTION]
+# GRPOConfig fields (conductor.learning.grpo.config): a JSON object on the command line, a mapping in a file.
+GRPOOverrides = Annotated[dict[str, Any], BeforeValidator(_json_object), TEXT_OPTION]
+GRPOPreset = Literal["cpu", "paper"]     # GRPOConfig.cpu() and GRPOConfig.paper() (tests/test_cli_options_train.py)
+
+
+def one_of(value: Any, choices: Collection[str]) -> Any:
+    """``value`` if it is one of ``choices``, else the error ``must be a, b or c, not 'x'`` (a field validator's)."""
+    if value is None or value in choices:
+        return value
+    names = [str(c) for c in choices]
+    raise PydanticCustomError("choice", "must be {expected}, not {given}",
+                              {"expected": " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names),
+                               "given": repr(value)})
 
 
 class ConfigError(ValueError):
@@ -348,7 +398,8 @@ class NightlyConfig(RunConfig):
     eval_samples: int = Field(2, ge=1, description="Repeated samples per evaluation question.")
     eval_limit: int | None = Field(None, ge=1, description="Evaluate on only the first N questions.")
     max_tokens: int = Field(1024, ge=16, description="Conductor completion limit.")
-    grpo: dict[str, Any] | None = Field(None, description="GRPO config overrides (conductor.learning.grpo.config).")
+    grpo: GRPOOverrides | None = Field(None, description="GRPO config overrides as JSON, e.g. "
+                                       "'{\"learning_rate\": 1e-5}' (conductor.learning.grpo.config).")
     heldout_workers: list[str] | None = Field(None, description=(
         "Workers forming a held-out sub-pool for the evaluation."))
     baselines: bool = Field(True, description="Also evaluate every single worker, for the report's plot.")
@@ -392,7 +443,8 @@ class EvaluateConfig(RunConfig):
     temperature: float = Field(0.7, ge=0, description="Conductor sampling temperature.")
     max_tokens: int = Field(1024, ge=16, description="Conductor completion limit.")
     k: int | None = Field(None, ge=1, description="Randomized k-of-n sub-pools per question (main pool only).")
-    heldout_workers: list[str] | None = Field(None, description="Workers forming a held-out sub-pool.")
+    heldout_workers: CommaList | None = Field(None, description="Comma-separated workers forming a held-out "
+                                              "sub-pool.")
     limit: int | None = Field(None, ge=1, description="Evaluate only the first N questions.")
     cache: str | None = Field(None, description="Response cache (SQLite).")
     shard_size: int = Field(4, ge=1, description="Questions per shard (the unit of resume).")
@@ -416,16 +468,39 @@ class EvaluateConfig(RunConfig):
                              limits=self.limits)
 
 
-class TrainConfig(RunConfig):
+class TrainStepConfig(RunConfig):
+    """``conductor train-step``: one GRPO update of ``base`` on a rollout run in the lake, saved as ``out``; its
+    GRPO settings are a preset's (or a GRPO config file's) with ``grpo`` over them."""
+
+    run_id: str = Field(description="Rollout run id to train on (read from the lake).")
+    lake: str = Field(description="Lake root (local path or s3://).")
+    base: str = Field(description="Parent checkpoint (the policy to update): HF dir, .gguf file, or s3:// "
+                      "checkpoint.")
+    out: str = Field(description="Where the new checkpoint goes (local dir or s3://); must not exist.")
+    preset: GRPOPreset | None = Field(None, description="cpu or paper (when no --config).")
+    grpo: GRPOOverrides | None = Field(None, description="GRPO config overrides as JSON, e.g. "
+                                       "'{\"learning_rate\": 1e-5}' (conductor.learning.grpo.config).")
+    registry: str | None = Field(None, description="Also register the checkpoint in this registry (as a candidate).")
+    checkpoint_id: str | None = Field(None, description="Checkpoint id (default: the --out directory name).")
+
+    _preset = field_validator("preset", mode="before")(classmethod(lambda cls, v: one_of(v, ("cpu", "paper"))))
+
+    def grpo_config(self, file: str | os.PathLike[str] | None = None, source: str = "grpo") -> GRPOConfig:
+        """The step's GRPOConfig: a GRPO config ``file`` (YAML/JSON), else the preset's, with ``grpo`` over it;
+        GRPOConfigError (one line naming ``source`` or the file, and the field) when it does not validate."""
+        from conductor.learning.grpo.config import GRPOConfig
+
+        if file is not None:
+            base = GRPOConfig.load(Path(file))
+        else:
+            base = {"cpu": GRPOConfig.cpu, "paper": GRPOConfig.paper}.get(self.preset or "", GRPOConfig)()
+        return GRPOConfig.from_dict({**base.to_json(), **(self.grpo or {})}, source if self.grpo else str(file or "config"))
+
+
+class TrainConfig(TrainStepConfig):
     """One GRPO step (flows/train.py): a rollout run in the lake updates ``base`` into the checkpoint ``out``."""
 
-    base: str = Field(description="The policy to update: a checkpoint directory, a .gguf file or an s3:// URL.")
-    lake: str = Field(description="Lake root holding the rollout run.")
-    run_id: str = Field(description="The rollout run to train on.")
-    out: str = Field(description="Where the new checkpoint is saved.")
     checkpoint_id: str = Field(description="The new checkpoint's id.")
-    registry: str | None = Field(None, description="Register the checkpoint there (as a candidate).")
-    grpo: dict[str, Any] | None = Field(None, description="GRPO config overrides (conductor.learning.grpo.config).")
     nproc_per_node: int | None = Field(None, ge=1, description="Training processes (GPUs) for `distributed: fsdp` "
                                        "(default: one per visible GPU under fsdp, else 1).")
     reference: str | None = Field(None, description="The policy KL is measured against or penalised to "
