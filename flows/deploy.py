@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from flows.deploy_config import DeployStartConfig
+from conductor.run.deploy_config import DeployStartConfig
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,6 +1,6 @@
 """Issue #50 (Done when: hand-declared options are only those that are not settings): `conductor deploy`,
 `query`, `report`, `lake ...`, `prompt`, `parse` and `emulator` get their options from configuration models
-(flows/deploy_config.py, conductor/cli/lake_config.py, language_config.py, emulator_config.py), built by
+(conductor/run/deploy_config.py; conductor/cli/lake_config.py, language_config.py, emulator_config.py), built by
 `config_options`; the flags, defaults and help are what they were when written out by hand.
 
 In process: typer's CliRunner over the real commands, a real Parquet lake, and a small command built the same way."""
@@ -30,8 +30,8 @@ from conductor.cli.language_config import ParseConfig, PromptConfig
 from conductor.cli.run_options import CONFIG_HELP, build_config, config_options
 from conductor.lake import write_shard
 from conductor.run.config import RunConfig
+from conductor.run.deploy_config import DeployListConfig, DeployRunConfig, DeployStartConfig, DeployYamlConfig
 from conductor.workflow import DEFAULT_MAX_STEPS
-from flows.deploy_config import DeployListConfig, DeployRunConfig, DeployStartConfig, DeployYamlConfig
 from lake_records import small_lake_records
 
 # Per command: its model, every flag it had when its options were written out by hand (plus --config for the

@@ -1,6 +1,6 @@
 """`conductor deploy start|list|run|yaml`: the scheduled deployments (defined in flows/deployments.py).
 
-The options are generated from the fields of flows/deploy_config.py (conductor/cli/run_options.py); each
+The options are generated from the fields of conductor/run/deploy_config.py (conductor/cli/run_options.py); each
 subcommand also reads them from ``--config FILE`` (YAML)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import typer
 
 from conductor.cli import app, fail
 from conductor.cli.run_options import CONFIG_HELP, build_config, config_options
-from flows.deploy_config import (
+from conductor.run.deploy_config import (
     OVERRIDES,
     DeployListConfig,
     DeployOverrides,
