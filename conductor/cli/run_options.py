@@ -131,9 +131,7 @@ def cli_type(annotation: Any) -> type | None:
             if any(isinstance(m, TextOption) for m in annotation.__metadata__):
                 return str                                  # a list or mapping its validator parses from text
             annotation = typing.get_args(annotation)[0]
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
-            annotation = args[0]
+        annotation = _without_none(annotation)
     if annotation in _SCALARS:
         return annotation
     if typing.get_origin(annotation) in (dict, list, tuple, set, Mapping) or annotation in (dict, list):
@@ -141,12 +139,17 @@ def cli_type(annotation: Any) -> type | None:
     return str
 
 
-def _item_type(annotation: Any) -> type:
-    """The scalar type of a list field's items (``list[str] | None`` -> str)."""
+def _without_none(annotation: Any) -> Any:
+    """``X | None`` -> X; anything else as it is."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
-        annotation = args[0]
-    items = typing.get_args(annotation)
+        return args[0]
+    return annotation
+
+
+def _item_type(annotation: Any) -> type:
+    """The scalar type of a list field's items (``list[str] | None`` -> str)."""
+    items = typing.get_args(_without_none(annotation))
     return items[0] if items and items[0] in _SCALARS else str
 
 

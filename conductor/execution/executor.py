@@ -39,6 +39,7 @@ call many times at once, before any of them has reached the cache.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Sequence
 from contextvars import ContextVar
@@ -255,14 +256,11 @@ class Executor:
         """A warning per failed call, but one per worker for replay misses: replaying a partial recording misses
         every call of every question not recorded yet, and each miss is an infrastructure failure in its record
         (and in the run's summary) already."""
+        first = e.kind != "cache_miss" or who not in self._misses_logged
+        note = " (further misses of this worker are not logged)" if e.kind == "cache_miss" and first else ""
         if e.kind == "cache_miss":
-            if who in self._misses_logged:
-                log.debug("call failed for %s (%s): %s", who, e.kind, e)
-                return
             self._misses_logged.add(who)
-            log.warning("call failed for %s (%s): %s (further misses of this worker are not logged)", who, e.kind, e)
-            return
-        log.warning("call failed for %s (%s): %s", who, e.kind, e)
+        log.log(logging.WARNING if first else logging.DEBUG, "call failed for %s (%s): %s%s", who, e.kind, e, note)
 
     async def _reply(self, worker: Worker, messages: list[Message], rec: CallRecord, sample_index: int,
                      state: QuestionState, who: str, start: float) -> Completion:

@@ -14,7 +14,7 @@ import json
 import os
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Required, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Required, TypeVar, get_args
 
 from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
@@ -483,7 +483,7 @@ class TrainStepConfig(RunConfig):
     registry: str | None = Field(None, description="Also register the checkpoint in this registry (as a candidate).")
     checkpoint_id: str | None = Field(None, description="Checkpoint id (default: the --out directory name).")
 
-    _preset = field_validator("preset", mode="before")(classmethod(lambda cls, v: one_of(v, ("cpu", "paper"))))
+    _preset = field_validator("preset", mode="before")(classmethod(lambda cls, v: one_of(v, get_args(GRPOPreset))))
 
     def grpo_config(self, file: str | os.PathLike[str] | None = None, source: str = "grpo") -> GRPOConfig:
         """The step's GRPOConfig: a GRPO config ``file`` (YAML/JSON), else the preset's, with ``grpo`` over it;

@@ -283,7 +283,7 @@ def settle_heap() -> None:
     several times per request and, every tenth and hundredth time, walked the start-up heap again. ``gc.freeze``
     (what CPython's docs suggest for long-lived servers) keeps start-up objects out of every later collection;
     a larger gen-0 threshold lets short-lived objects die by reference count before a collection sees them.
-    Measured on the bench's simulated pool: about 0.1-0.15 ms of CPU per request (docs/serving.md)."""
+    Measured on the bench's simulated pool under load: about 0.3 ms of server CPU per request (docs/serving.md)."""
     gc.collect()
     gc.freeze()
     _, gen1, gen2 = gc.get_threshold()
