@@ -14,6 +14,7 @@ from conductor.data.questions import Question
 from conductor.execution.executor import Executor
 from conductor.generation import Generation
 from conductor.lake.reader import scan
+from conductor.policy.cached import ReplayMiss
 from conductor.policy.openai_backend import EndpointError
 from conductor.policy.spec import FixedSpec
 from conductor.run import pipeline
@@ -93,6 +94,19 @@ def test_a_failing_conductor_is_recorded_then_the_loop_stops_with_plain_stages(t
     assert df["infra_failed"].to_list() == [False, False] + [True] * 4
     assert all(c.startswith("conductor: ") for c in df["infra_cause"].to_list()[2:])
     assert sorted(done) == [q.id for q in qs[:6]]                 # the failed ones are reported done too
+
+
+def test_replay_misses_fail_their_shards_and_the_loop_goes_on(tmp_path):
+    """A partial recording misses some questions' conductor generations: those shards are infra-failed (a rerun
+    retries them) and every later shard is still tried; a dead endpoint would stop the run after two."""
+    miss = ReplayMiss("rec.sqlite: 1 conductor generation(s) not recorded, and the cache is in replay mode")
+    qs = _questions("p", 8)
+    shards = [("s1", qs[:2]), ("s2", qs[2:4]), ("s3", qs[4:6]), ("s4", qs[6:])]
+    loop = ShardLoop(_spec("partial"), Scripted(ok_calls=1, error=miss), Executor(), lake=str(tmp_path / "lake"))
+    assert loop.run(shards) == 8
+    df = scan(str(tmp_path / "lake")).collect().sort("question_id")
+    assert df["infra_failed"].to_list() == [False, False] + [True] * 6
+    assert all("not recorded" in c for c in df["infra_cause"].to_list()[2:])
 
 
 def test_a_refused_key_stops_the_loop_at_once(tmp_path):

@@ -348,19 +348,18 @@ class Executor:
                              state: QuestionState, who: str) -> tuple[Completion, int]:
         provider = self.provider(worker)
         sink = _STEP_SINK.get()     # set by run_workflow for the step whose reply is the streamed answer
-        limiter = self.limiter
         s = worker.sampling
         tokens = (sum(estimate_tokens(m.content) for m in messages) + s.max_tokens
                   + (s.thinking_budget or 0)) if worker.limits.tokens_per_minute else 0
         timeout = self.retry.timeout_s or worker.limits.timeout_s
-        key_limiter = limiter.for_worker(worker)
+        key_limiter = self.limiter.for_worker(worker)
 
         async def attempt() -> Completion:
             left = state.remaining_s()
             if left is not None and left <= 0:
                 raise ProviderError("budget", f"{who}: question budget of {state.budget.max_seconds:g} s used up")
             budget = timeout if left is None else min(timeout, left)
-            async with limiter.slot(worker, tokens, budget) as permit:   # Retry-After pauses count against it
+            async with key_limiter.slot(tokens, budget) as permit:   # Retry-After pauses count against it
                 if sink is not None:
                     sink.start()               # a retry's reply starts over
                 reply = (provider.complete(messages, sample_index=sample_index) if sink is None

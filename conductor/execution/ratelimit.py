@@ -161,6 +161,7 @@ class KeyLimiter:
         self.tpm = Bucket(*shapes["tpm"]) if "tpm" in shapes else None
         self.tpm_capacity = limits.tokens_per_minute
         self.shared = shared
+        self.unmetered = self.rpm is None and self.tpm is None and shared is None
         self.max_pause_s = max_pause_s
         self.sem = asyncio.Semaphore(limits.max_concurrency)
         self.gate = asyncio.Lock()
@@ -212,8 +213,11 @@ class KeyLimiter:
         """
         self.check_fits(tokens)
         async with self.sem:
-            async with self.gate:            # FIFO: the head waiter alone watches the buckets
-                lease, paused = await self._admit(tokens, timeout_s)
+            if self.unmetered and not self.gate.locked() and self.blocked_until <= time.monotonic():
+                lease, paused = None, 0.0    # no bucket, no store, no pause: nothing for the gate to watch
+            else:
+                async with self.gate:        # FIFO: the head waiter alone watches the buckets
+                    lease, paused = await self._admit(tokens, timeout_s)
             self.in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
             permit = Permit(self, tokens, lease, paused)

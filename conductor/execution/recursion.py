@@ -243,6 +243,8 @@ async def execute_batch(trajs: Sequence[Trajectory], subpools: SubPools, executo
         return t
 
     try:
+        if len(trajs) == 1:     # a served request: no task and no gather for the one trajectory
+            return [await one(0, trajs[0])]
         return list(await asyncio.gather(*(one(i, t) for i, t in enumerate(trajs))))
     finally:
         if bar is not None:

@@ -200,8 +200,11 @@ _TRAJECTORY_NAMES = tuple(f.name for f in dataclasses.fields(Trajectory) if f.na
 
 
 def _shallow(obj: Any, names: tuple[str, ...]) -> dict[str, Any]:
-    """Like dataclasses.asdict without its deep copy (token-id lists are large; arrow only reads them)."""
-    return {n: getattr(obj, n) for n in names}
+    """Like dataclasses.asdict without its deep copy (token-id lists are large; arrow only reads them).
+    Read from the instance's ``__dict__``: a dict lookup per field, not an attribute lookup (the served lake
+    writes every request)."""
+    d = vars(obj)
+    return {n: d[n] for n in names}
 
 
 def _round_row(r: Round) -> dict[str, Any]:

@@ -269,7 +269,8 @@ class ShardLoop:
         """Plan each shard and generate it ``piece`` questions at a time (None: whole): (shard id, its questions,
         the piece's trajectories, whether the conductor failed on them, whether the shard is complete with it).
         When the conductor fails, the rest of the shard comes as one piece marked infra-failed; after
-        ``MAX_CONDUCTOR_FAILURES`` failures in a row, or one refused key, the run stops generating."""
+        ``MAX_CONDUCTOR_FAILURES`` failures in a row, or one refused key, the run stops generating. A replay miss
+        (``cache_miss``: a partial recording) fails its shard only and never stops the run."""
         from conductor.policy.openai_backend import EndpointError
 
         failures = 0
@@ -285,7 +286,7 @@ class ShardLoop:
                     if not self.record_failures:
                         raise
                     yield sid, sq, self._failed(sid, trajs[start:], e), True, True
-                    failures += 1
+                    failures += e.kind != "cache_miss"   # a replay miss is this shard's: the next may be recorded
                     if failures >= MAX_CONDUCTOR_FAILURES or e.kind == "auth":
                         self.stages.logger().warning("%s: stopping; %d shards left for a rerun", e.kind,
                                                      len(todo) - n - 1)
