@@ -4,12 +4,27 @@ registers itself on ``app``; heavy libraries are imported inside the commands.""
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from typing import NoReturn
 
-import typer
 
-from conductor.resources import use_project
+def _leave_during_startup(signum: int, frame: object) -> None:
+    """Ctrl-C or SIGTERM while the CLI's modules import (seconds; on a loaded machine much longer): nothing has
+    started yet, so leave at once with the command's one line instead of a traceback from inside an import."""
+    term = signum == signal.SIGTERM
+    os.write(2, b"error: terminated (SIGTERM)\n" if term else b"error: interrupted\n")
+    os._exit(143 if term else 130)
+
+
+_STARTUP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_startup_handlers = ({s: signal.signal(s, _leave_during_startup) for s in _STARTUP_SIGNALS}
+                     if threading.current_thread() is threading.main_thread() else {})
+
+import typer  # noqa: E402
+
+from conductor.resources import use_project  # noqa: E402
 
 use_project()   # the commands run the Prefect project's flows (flows/, tasks/): importable from here on
 
@@ -26,8 +41,18 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the command is (like Ctrl-C) so it stops its work and prints one ``error:`` line."""
 
 
-def _on_sigterm(signum: int, frame: object) -> None:
-    raise Terminated()
+_signalled: list[int] = []     # the signals that stopped the command (Ctrl-C, SIGTERM), in order
+_reported: list[str] = []      # the error lines printed; an interrupt that printed none gets one in ``main``
+
+
+def stopped_by_signal() -> bool:
+    """True once Ctrl-C or SIGTERM has reached the command (its consoles then stay quiet but for its line)."""
+    return bool(_signalled)
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    _signalled.append(signum)
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 def interrupted(e: BaseException) -> NoReturn:
@@ -40,6 +65,7 @@ def interrupted(e: BaseException) -> NoReturn:
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print one line starting 'error:' to stderr and exit non-zero."""
     typer.echo(f"error: {message}", err=True)
+    _reported.append(message)
     raise typer.Exit(code)
 
 
@@ -61,6 +87,9 @@ from conductor.cli import record_cmd as _record_cmd  # noqa: E402,F401
 from conductor.cli import serve_cmd as _serve_cmd  # noqa: E402,F401
 from conductor.cli import train_cmd as _train_cmd  # noqa: E402,F401
 
+for _s, _h in _startup_handlers.items():    # imported: signals are the command's to handle again
+    signal.signal(_s, _h)
+
 
 def main() -> None:
     # Prefect runs in ephemeral mode unless PREFECT_API_URL points at a server; on a busy 2-core machine its
@@ -71,18 +100,19 @@ def main() -> None:
     # writing then fails and it logged "Error flushing N events" with a traceback after a successful run. What
     # matters to a run reaches it as a failed API call; the server's own log stays quiet.
     os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
-    import signal
-
     from typer.exceptions import TyperException
 
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    for s in _STARTUP_SIGNALS:
+        signal.signal(s, _on_signal)
     try:   # usage mistakes (a missing argument, --shard-size 0, a typo'd option) are one line too, exit 2
         code = app(prog_name="conductor", standalone_mode=False)
     except typer.Abort:
         typer.echo("error: aborted", err=True)
+        _reported.append("aborted")
         code = 130
     except Terminated:
         typer.echo("error: terminated (SIGTERM)", err=True)
+        _reported.append("terminated")
         code = 143
     except TyperException as e:   # typer's own click: UsageError, BadParameter, NoArgsIsHelpError, ...
         if type(e).__name__ == "NoArgsIsHelpError":
@@ -92,7 +122,17 @@ def main() -> None:
             hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
             typer.echo(f"error: {e.format_message()}{hint}", err=True)
         code = getattr(e, "exit_code", 2)
-    sys.exit(code if isinstance(code, int) else 0)
+    sys.exit(_after_signal(code if isinstance(code, int) else 0))
+
+
+def _after_signal(code: int) -> int:
+    """The exit status, and the one line, of a command a signal stopped outside the flow boundary (while it
+    prepared its inputs, say): typer turns Ctrl-C and SIGTERM alike into a silent exit 130 there."""
+    if not _signalled or _reported or code != 130:
+        return code
+    term = _signalled[0] == signal.SIGTERM
+    typer.echo("error: terminated (SIGTERM)" if term else "error: interrupted", err=True)
+    return 143 if term else 130
 
 
 if __name__ == "__main__":  # pragma: no cover

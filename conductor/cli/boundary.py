@@ -15,14 +15,18 @@ from collections.abc import Iterator
 
 import typer
 
-from conductor.cli import fail, interrupted
+from conductor.cli import fail, interrupted, stopped_by_signal
 
 
 class _OneLineConsole(logging.Filter):
     """Prefect logs a failed run's traceback on the console; the terminal gets its first line only (the full
-    traceback still goes to Prefect's own log store, scrubbed of keys)."""
+    traceback still goes to Prefect's own log store, scrubbed of keys). After Ctrl-C or SIGTERM, Prefect's
+    console lines stop altogether (each cancelled task's "Failed", the flow's "Crashed"): the command's own
+    ``error: interrupted`` line says what happened; the run's states are still in Prefect's store."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("prefect") and stopped_by_signal():
+            return False
         failed = (record.exc_info and record.exc_info[0] is not None) or record.exc_text
         if failed and record.name.startswith("prefect"):
             record.exc_info, record.exc_text = None, None
