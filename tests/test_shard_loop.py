@@ -270,10 +270,12 @@ def test_ctrl_c_stops_a_pipelined_run_at_once_and_sigterm_too(tmp_path):
             assert p.poll() is None
             t0 = time.monotonic()
             p.send_signal(sig)
-            _, err = p.communicate(timeout=60)
+            _, err = p.communicate(timeout=200)
         finally:
             p.kill()
-        assert p.returncode == code and time.monotonic() - t0 < 30, err[-2000:]
+        # cancelled, not waited for: the calls in flight take 300 s; the bound leaves room for a loaded machine
+        # (33 s seen with both cores busy at a higher priority: Prefect records each cancelled task's state)
+        assert p.returncode == code and time.monotonic() - t0 < 120, err[-2000:]
         assert "Traceback" not in err and [ln for ln in err.splitlines() if ln.startswith("error:")]
         if sig == signal.SIGINT:   # after Ctrl-C the command's line says it; Prefect's crash report stays off the console
             assert "Crash detected" not in err and "| ERROR" not in err, err[-2000:]

@@ -24,7 +24,16 @@ from conductor.run.workflow_replay.questions import (
     slice_spec,
     split,
 )
-from conductor.run.workflow_replay.report import Figures, Outcome, Point, mean, point, progress_table, report
+from conductor.run.workflow_replay.report import (
+    Escalation,
+    Figures,
+    Outcome,
+    Point,
+    mean,
+    point,
+    progress_table,
+    report,
+)
 
 if TYPE_CHECKING:
     from conductor.data.questions import Question
@@ -34,8 +43,11 @@ if TYPE_CHECKING:
     from conductor.workflow import Workflow
 
 HYBRID_CASCADE = "cascade:0+pot-0+4:5"   # 1.5B CoT + 1.5B PoT + Mixtral agree -> accept, else GPT-4
+HYBRID_PAIR = "cascade:0+4:5"            # 1.5B CoT + Mixtral agree -> accept, else GPT-4
 GPT4, MIXTRAL = "fixed:5", "fixed:4"
-HYBRID_MENU = ("fixed:0", "pot:0", "chain:0:1", MIXTRAL, HYBRID_CASCADE, GPT4)
+HYBRID_MENU = ("fixed:0", "pot:0", "chain:0:1", MIXTRAL, HYBRID_CASCADE, HYBRID_PAIR, GPT4)
+# the cheap answers each cascade pays for before it decides (their replayed rows price them one by one)
+CASCADE_PARTS = {HYBRID_CASCADE: ("fixed:0", "pot:0", MIXTRAL), HYBRID_PAIR: ("fixed:0", MIXTRAL)}
 
 
 class ReplaySettingsError(ValueError):
@@ -164,7 +176,7 @@ def measure_all(s: ReplaySettings, questions: Sequence[Question], state: dict[st
     todo: list[tuple[str, Workflow, Pool, Sequence[Question]]] = [
         (e.spec, e.workflow, menu.pool, questions) for e in menu.entries]
     gsm = [q for q in questions if q.domain == "math"]
-    for spec in (HYBRID_CASCADE, GPT4, MIXTRAL):
+    for spec in (HYBRID_CASCADE, HYBRID_PAIR, GPT4, MIXTRAL):
         parsed = parse_conductor_spec(spec)
         pool = strategy_pool(parsed, hybrid)
         wf = make_strategy(parsed, pool).workflow
@@ -278,6 +290,28 @@ def evaluate_menu(backend: MenuBackend, menu: WorkflowMenu, questions: Sequence[
     return out, chosen
 
 
+def escalation(results: dict[str, dict[str, Outcome]], cascade: str, qids: Sequence[str]) -> Escalation:
+    """How often ``cascade`` paid for GPT-4 (its dollars exceed its cheap answers' dollars), how often the answers
+    it accepted were right, and the share of its dollars that went to local compute.
+
+    >>> O = Outcome
+    >>> r = {HYBRID_PAIR: {"a": O(True, 9, 1.5), "b": O(True, 9, 0.5)}, "fixed:0": {"a": O(False, 5, 0.4),
+    ...      "b": O(True, 5, 0.4)}, MIXTRAL: {"a": O(True, 1, 0.1), "b": O(True, 1, 0.1)}}
+    >>> escalation(r, HYBRID_PAIR, ["a", "b"])
+    Escalation(questions=2, escalated=1, accepted_right=1, local_share=0.4)
+    """
+    parts = CASCADE_PARTS[cascade]
+    ids = [q for q in qids if q in results[cascade] and not results[cascade][q].infra
+           and all(q in results[p] for p in parts)]
+    cheap = {q: sum(results[p][q].dollars for p in parts) for q in ids}
+    up = [q for q in ids if results[cascade][q].dollars > cheap[q] + 1e-12]
+    accepted = [q for q in ids if q not in set(up)]
+    local = sum(results[p][q].dollars for q in ids for p in parts if p != MIXTRAL)
+    total = sum(results[cascade][q].dollars for q in ids)
+    return Escalation(len(ids), len(up), sum(results[cascade][q].correct for q in accepted),
+                      round(local / total, 4) if total else float("nan"))
+
+
 @dataclasses.dataclass(frozen=True)
 class ReplayResult:
     """The headline figures (the bench's last line)."""
@@ -380,10 +414,13 @@ def replay(s: ReplaySettings) -> ReplayResult:
     _, p_two = mcnemar_exact(b, c)
     gsm_test = [q.id for q in by_split["test"] if q.domain == "math"]
     cascade = point("hybrid cascade", results[HYBRID_CASCADE], gsm_test)
+    pair = point("hybrid pair cascade (1.5B CoT + Mixtral)", results[HYBRID_PAIR], gsm_test)
     gpt4 = point("GPT-4-1106 alone", results[GPT4], gsm_test)
     mixtral = point("Mixtral alone", results[MIXTRAL], gsm_test)
+    escalated = {label: escalation(results, key, gsm_test)
+                 for label, key in (("hybrid cascade", HYBRID_CASCADE), ("hybrid pair cascade", HYBRID_PAIR))}
     report(Path(s.out), Figures(entries, default, oracle, trained, chosen_by, by_split, cascade, gpt4, mixtral,
-                                val_best, (b, c, p_two)))
+                                val_best, (b, c, p_two), pair, escalated))
     best_worker = entries["fixed:0"] if entries["fixed:0"].accuracy >= entries["fixed:1"].accuracy else entries["fixed:1"]
     return ReplayResult(trained[pick], point(val_best, results[val_best], test_ids), default, best_worker, oracle,
                         p_two, cascade, gpt4)

@@ -111,6 +111,24 @@ class Figures:
     mixtral: Point
     val_best: str
     paired: tuple[int, int, float]
+    pair: Point | None = None                          # the two-answer hybrid cascade (1.5B CoT + Mixtral)
+    escalated: dict[str, Escalation] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Escalation:
+    """A cascade's decisions on the test questions: how many went up to GPT-4, how many of the accepted cheap
+    answers were right, and the share of its dollars spent on local compute."""
+
+    questions: int
+    escalated: int
+    accepted_right: int
+    local_share: float
+
+    def line(self, label: str) -> str:
+        accepted = self.questions - self.escalated
+        return (f"{label}: escalated {self.escalated} of {self.questions} to GPT-4; accepted answers right "
+                f"{self.accepted_right} of {accepted}; local compute {self.local_share:.0%} of its dollars")
 
 
 def report(out: Path, f: Figures) -> None:
@@ -123,8 +141,9 @@ def report(out: Path, f: Figures) -> None:
     for p in [*f.entries.values(), f.default, *f.trained.values(), f.oracle]:
         lines.append(f"| {p.label} | {p.accuracy:.3f} | {p.se:.3f} | {p.seconds:.1f} | {p.dollars:.6f} | {p.n} |")
     lines += ["", "GSM8K test only (the hybrid pool):", "| strategy | accuracy | s.e. | $/q | n |", "|---|---:|---:|---:|---:|"]
-    for p in (f.cascade, f.gpt4, f.mixtral):
+    for p in (f.cascade, *([f.pair] if f.pair else []), f.gpt4, f.mixtral):
         lines.append(f"| {p.label} | {p.accuracy:.3f} | {p.se:.3f} | {p.dollars:.6f} | {p.n} |")
+    lines += [e.line(label) for label, e in f.escalated.items()]
     lines.append(f"\nbest single entry on validation: {f.val_best}; trained vs it on test: trained-only right "
                  f"{f.paired[0]}, entry-only right {f.paired[1]}, exact McNemar p (two-sided) = {f.paired[2]:.4f}")
     domain = {q.id: q.domain for q in by_split["test"]}
@@ -157,13 +176,15 @@ def plot(path: Path, f: Figures) -> None:
     ax1.set_ylabel("accuracy (test)")
     ax1.set_title("menu entries, default and trained conductor (all test questions)")
     ax1.legend(fontsize=8, loc="lower right")
-    for p, color in ((f.cascade, "#e6550d"), (f.gpt4, "#756bb1"), (f.mixtral, "#9e9ac8")):
+    hybrid = [(f.cascade, "#e6550d"), *([(f.pair, "#fdae6b")] if f.pair else []), (f.gpt4, "#756bb1"),
+              (f.mixtral, "#9e9ac8")]
+    for p, color in hybrid:
         ax2.errorbar(p.dollars, p.accuracy, yerr=p.se, fmt="o", color=color, capsize=3, label=p.label)
     for p in f.entries.values():
         ax2.scatter(p.dollars, p.accuracy, color="#6baed6", s=12)
     ax2.set_xscale("log")
     ax2.set_xlabel("dollars per question (log; local seconds at the manifest's per_second)")
-    ax2.set_title("GSM8K test: the hybrid cascade against GPT-4 alone")
+    ax2.set_title("GSM8K test: the hybrid cascades against GPT-4 alone")
     ax2.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
