@@ -70,25 +70,26 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 
 # Command modules: one line each; the import registers the commands.
-from conductor.cli import answer_cmd as _answer_cmd  # noqa: E402,F401
-from conductor.cli import compare_cmd as _compare_cmd  # noqa: E402,F401
-from conductor.cli import deploy_cmd as _deploy_cmd  # noqa: E402,F401
-from conductor.cli import exec_cmd as _exec_cmd  # noqa: E402,F401
-from conductor.cli import grade_cmd as _grade_cmd  # noqa: E402,F401
-from conductor.cli import headroom_cmd as _headroom_cmd  # noqa: E402,F401
-from conductor.cli import lake_cmd as _lake_cmd  # noqa: E402,F401
-from conductor.cli import learn_cmd as _learn_cmd  # noqa: E402,F401
-from conductor.cli import models_cmd as _models_cmd  # noqa: E402,F401
-from conductor.cli import parse_cmd as _parse_cmd  # noqa: E402,F401
-from conductor.cli import pool_cmd as _pool_cmd  # noqa: E402,F401
-from conductor.cli import prompt_cmd as _prompt_cmd  # noqa: E402,F401
-from conductor.cli import query_cmd as _query_cmd  # noqa: E402,F401
-from conductor.cli import record_cmd as _record_cmd  # noqa: E402,F401
-from conductor.cli import serve_cmd as _serve_cmd  # noqa: E402,F401
-from conductor.cli import train_cmd as _train_cmd  # noqa: E402,F401
-
-for _s, _h in _startup_handlers.items():    # imported: signals are the command's to handle again
-    signal.signal(_s, _h)
+try:
+    from conductor.cli import answer_cmd as _answer_cmd  # noqa: E402,F401
+    from conductor.cli import compare_cmd as _compare_cmd  # noqa: E402,F401
+    from conductor.cli import deploy_cmd as _deploy_cmd  # noqa: E402,F401
+    from conductor.cli import exec_cmd as _exec_cmd  # noqa: E402,F401
+    from conductor.cli import grade_cmd as _grade_cmd  # noqa: E402,F401
+    from conductor.cli import headroom_cmd as _headroom_cmd  # noqa: E402,F401
+    from conductor.cli import lake_cmd as _lake_cmd  # noqa: E402,F401
+    from conductor.cli import learn_cmd as _learn_cmd  # noqa: E402,F401
+    from conductor.cli import models_cmd as _models_cmd  # noqa: E402,F401
+    from conductor.cli import parse_cmd as _parse_cmd  # noqa: E402,F401
+    from conductor.cli import pool_cmd as _pool_cmd  # noqa: E402,F401
+    from conductor.cli import prompt_cmd as _prompt_cmd  # noqa: E402,F401
+    from conductor.cli import query_cmd as _query_cmd  # noqa: E402,F401
+    from conductor.cli import record_cmd as _record_cmd  # noqa: E402,F401
+    from conductor.cli import serve_cmd as _serve_cmd  # noqa: E402,F401
+    from conductor.cli import train_cmd as _train_cmd  # noqa: E402,F401
+finally:
+    for _s, _h in _startup_handlers.items():    # imported (or failed to): signals are the caller's again
+        signal.signal(_s, _h)
 
 
 def main() -> None:
