@@ -103,6 +103,8 @@ def main() -> None:
     os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
     from typer.exceptions import TyperException
 
+    _signalled.clear()    # one command per process, except where tests call main() again
+    _reported.clear()
     for s in _STARTUP_SIGNALS:
         signal.signal(s, _on_signal)
     try:   # usage mistakes (a missing argument, --shard-size 0, a typo'd option) are one line too, exit 2
