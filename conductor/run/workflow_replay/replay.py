@@ -290,9 +290,11 @@ def evaluate_menu(backend: MenuBackend, menu: WorkflowMenu, questions: Sequence[
     return out, chosen
 
 
-def escalation(results: dict[str, dict[str, Outcome]], cascade: str, qids: Sequence[str]) -> Escalation:
+def escalation(results: dict[str, dict[str, Outcome]], cascade: str, qids: Sequence[str],
+               parts: Sequence[str] | None = None) -> Escalation:
     """How often ``cascade`` paid for GPT-4 (its dollars exceed its cheap answers' dollars), how often the answers
-    it accepted were right, and the share of its dollars that went to local compute.
+    it accepted were right, and the share of its dollars that went to local compute. ``parts``: its cheap answers'
+    strategies (default ``CASCADE_PARTS[cascade]``).
 
     >>> O = Outcome
     >>> r = {HYBRID_PAIR: {"a": O(True, 9, 1.5), "b": O(True, 9, 0.5)}, "fixed:0": {"a": O(False, 5, 0.4),
@@ -300,16 +302,18 @@ def escalation(results: dict[str, dict[str, Outcome]], cascade: str, qids: Seque
     >>> escalation(r, HYBRID_PAIR, ["a", "b"])
     Escalation(questions=2, escalated=1, accepted_right=1, local_share=0.4)
     """
-    parts = CASCADE_PARTS[cascade]
-    ids = [q for q in qids if q in results[cascade] and not results[cascade][q].infra
-           and all(q in results[p] for p in parts)]
-    cheap = {q: sum(results[p][q].dollars for p in parts) for q in ids}
-    up = [q for q in ids if results[cascade][q].dollars > cheap[q] + 1e-12]
-    accepted = [q for q in ids if q not in set(up)]
-    local = sum(results[p][q].dollars for q in ids for p in parts if p != MIXTRAL)
-    total = sum(results[cascade][q].dollars for q in ids)
-    return Escalation(len(ids), len(up), sum(results[cascade][q].correct for q in accepted),
-                      round(local / total, 4) if total else float("nan"))
+    parts = CASCADE_PARTS[cascade] if parts is None else parts
+    rows = results[cascade]
+    ids = [q for q in qids if q in rows and not rows[q].infra and all(q in results[p] for p in parts)]
+    escalated = accepted_right = 0
+    local = total = 0.0
+    for q in ids:
+        went_up = rows[q].dollars > sum(results[p][q].dollars for p in parts) + 1e-12
+        escalated += went_up
+        accepted_right += not went_up and rows[q].correct
+        local += sum(results[p][q].dollars for p in parts if p != MIXTRAL)
+        total += rows[q].dollars
+    return Escalation(len(ids), escalated, accepted_right, round(local / total, 4) if total else float("nan"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -111,8 +111,8 @@ class Figures:
     mixtral: Point
     val_best: str
     paired: tuple[int, int, float]
-    pair: Point | None = None                          # the two-answer hybrid cascade (1.5B CoT + Mixtral)
-    escalated: dict[str, Escalation] = dataclasses.field(default_factory=dict)
+    pair: Point                       # the two-answer hybrid cascade (1.5B CoT + Mixtral)
+    escalated: dict[str, Escalation]  # each hybrid cascade's decisions, by its label
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +141,7 @@ def report(out: Path, f: Figures) -> None:
     for p in [*f.entries.values(), f.default, *f.trained.values(), f.oracle]:
         lines.append(f"| {p.label} | {p.accuracy:.3f} | {p.se:.3f} | {p.seconds:.1f} | {p.dollars:.6f} | {p.n} |")
     lines += ["", "GSM8K test only (the hybrid pool):", "| strategy | accuracy | s.e. | $/q | n |", "|---|---:|---:|---:|---:|"]
-    for p in (f.cascade, *([f.pair] if f.pair else []), f.gpt4, f.mixtral):
+    for p in (f.cascade, f.pair, f.gpt4, f.mixtral):
         lines.append(f"| {p.label} | {p.accuracy:.3f} | {p.se:.3f} | {p.dollars:.6f} | {p.n} |")
     lines += [e.line(label) for label, e in f.escalated.items()]
     lines.append(f"\nbest single entry on validation: {f.val_best}; trained vs it on test: trained-only right "
@@ -176,9 +176,7 @@ def plot(path: Path, f: Figures) -> None:
     ax1.set_ylabel("accuracy (test)")
     ax1.set_title("menu entries, default and trained conductor (all test questions)")
     ax1.legend(fontsize=8, loc="lower right")
-    hybrid = [(f.cascade, "#e6550d"), *([(f.pair, "#fdae6b")] if f.pair else []), (f.gpt4, "#756bb1"),
-              (f.mixtral, "#9e9ac8")]
-    for p, color in hybrid:
+    for p, color in ((f.cascade, "#e6550d"), (f.pair, "#fdae6b"), (f.gpt4, "#756bb1"), (f.mixtral, "#9e9ac8")):
         ax2.errorbar(p.dollars, p.accuracy, yerr=p.se, fmt="o", color=color, capsize=3, label=p.label)
     for p in f.entries.values():
         ax2.scatter(p.dollars, p.accuracy, color="#6baed6", s=12)

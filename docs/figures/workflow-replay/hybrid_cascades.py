@@ -17,11 +17,10 @@ import time
 from conductor.policy.spec import parse_conductor_spec
 from conductor.policy.strategies import make_strategy, strategy_pool
 from conductor.run.workflow_replay.questions import HYBRID_POOL, default_cache, question_set
-from conductor.run.workflow_replay.replay import replay_strategy
+from conductor.run.workflow_replay.replay import CASCADE_PARTS, escalation, replay_strategy
 from conductor.workers.pool import load_pool
 
-PARTS = {"cascade:0+pot-0+4:5": ["fixed:0", "pot:0", "fixed:4"], "cascade:0+4:5": ["fixed:0", "fixed:4"],
-         "cascade:0+pot-0:5": ["fixed:0", "pot:0"]}
+PARTS = {**CASCADE_PARTS, "cascade:0+pot-0:5": ("fixed:0", "pot:0")}   # and the cascade without Mixtral
 
 
 def main(specs: list[str]) -> None:
@@ -43,25 +42,13 @@ def main(specs: list[str]) -> None:
         print(f"{spec:28s} acc={acc:.3f} $/q={dollars / len(common):.6f} vs_gpt4={dollars / gpt4:.3f}")
     for spec, parts in PARTS.items():
         if spec in res and all(p in res for p in parts):
-            split(spec, parts, res, common, gpt4)
-
-
-def split(spec: str, parts: list[str], res: dict, common: list[str], gpt4: float) -> None:
-    up = local = total = 0.0
-    accepted = right = 0
-    for q in common:
-        cheap = sum(res[p][q].dollars for p in parts)
-        escalated = res[spec][q].dollars > cheap + 1e-9
-        up += escalated
-        local += sum(res[p][q].dollars for p in parts if p != "fixed:4")
-        total += res[spec][q].dollars
-        if not escalated:
-            accepted += 1
-            right += res[spec][q].correct
-    n = len(common)
-    print(f"{spec:28s} escalated {up:.0f}/{n} ({up / n:.0%}); accepted right {right}/{accepted}; "
-          f"local share {local / total:.0%} of its $; vs_gpt4 with local free {(total - local) / gpt4:.3f}, "
-          f"local at 1/4 the recorded seconds {(total - 0.75 * local) / gpt4:.3f}")
+            e = escalation(res, spec, common, parts)
+            total = sum(res[spec][q].dollars for q in common)
+            local = e.local_share * total
+            print(f"{spec:28s} escalated {e.escalated}/{e.questions} ({e.escalated / e.questions:.0%}); accepted right "
+                  f"{e.accepted_right}/{e.questions - e.escalated}; local share {e.local_share:.0%} of its $; "
+                  f"vs_gpt4 with local free {(total - local) / gpt4:.3f}, "
+                  f"local at 1/4 the recorded seconds {(total - 0.75 * local) / gpt4:.3f}")
 
 
 if __name__ == "__main__":
