@@ -10,12 +10,17 @@ import threading
 from typing import NoReturn
 
 
+def _stop(signum: int) -> tuple[str, int]:
+    """The one line and the exit status of a command stopped by ``signum`` (Ctrl-C or SIGTERM)."""
+    return ("error: terminated (SIGTERM)", 143) if signum == signal.SIGTERM else ("error: interrupted", 130)
+
+
 def _leave_during_startup(signum: int, frame: object) -> None:
     """Ctrl-C or SIGTERM while the CLI's modules import (seconds; on a loaded machine much longer): nothing has
     started yet, so leave at once with the command's one line instead of a traceback from inside an import."""
-    term = signum == signal.SIGTERM
-    os.write(2, b"error: terminated (SIGTERM)\n" if term else b"error: interrupted\n")
-    os._exit(143 if term else 130)
+    line, code = _stop(signum)
+    os.write(2, line.encode() + b"\n")
+    os._exit(code)
 
 
 _STARTUP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -114,9 +119,9 @@ def main() -> None:
         _reported.append("aborted")
         code = 130
     except Terminated:
-        typer.echo("error: terminated (SIGTERM)", err=True)
-        _reported.append("terminated")
-        code = 143
+        line, code = _stop(signal.SIGTERM)
+        typer.echo(line, err=True)
+        _reported.append(line)
     except TyperException as e:   # typer's own click: UsageError, BadParameter, NoArgsIsHelpError, ...
         if type(e).__name__ == "NoArgsIsHelpError":
             e.show()  # type: ignore[attr-defined]
@@ -133,9 +138,9 @@ def _after_signal(code: int) -> int:
     prepared its inputs, say): typer turns Ctrl-C and SIGTERM alike into a silent exit 130 there."""
     if not _signalled or _reported or code != 130:
         return code
-    term = _signalled[0] == signal.SIGTERM
-    typer.echo("error: terminated (SIGTERM)" if term else "error: interrupted", err=True)
-    return 143 if term else 130
+    line, stopped = _stop(_signalled[0])
+    typer.echo(line, err=True)
+    return stopped
 
 
 if __name__ == "__main__":  # pragma: no cover
