@@ -1,0 +1,45 @@
+"""The untrained default conductor against Qwen2.5-Coder-1.5B alone (`fixed:0`) on every recorded question, per
+dataset: paired accuracy difference with its standard error, the paired bootstrap's 95% interval, McNemar's
+exact test, and the ratio of recorded seconds (docs/default-conductor.md, "The larger sample"). The default is
+untrained and its design was fixed before the recording began, so every recorded question is held out for it.
+
+Reads the state a `replay` run leaves (no model is loaded; seconds):
+
+    python docs/figures/workflow-replay/default_vs_single.py runs/workflow-replay/replay/state.json
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+from conductor.stats.paired import mcnemar_exact, paired_bootstrap
+
+
+def compare(state: dict, prefix: str) -> str:
+    a, b = state["default"], state["fixed:0"]
+    qs = sorted(q for q in a if q.startswith(prefix) and q in b and not a[q]["infra"] and not b[q]["infra"])
+    x = {q: float(a[q]["correct"]) for q in qs}
+    y = {q: float(b[q]["correct"]) for q in qs}
+    d = [x[q] - y[q] for q in qs]
+    se = statistics.stdev(d) / math.sqrt(len(d))
+    boot = paired_bootstrap(x, y)
+    wins, losses = sum(v > 0 for v in d), sum(v < 0 for v in d)
+    seconds = sum(a[q]["seconds"] for q in qs) / sum(b[q]["seconds"] for q in qs)
+    return (f"{prefix or 'all':6s} n={len(qs):3d}  default {sum(x.values()) / len(qs):.3f}  1.5B alone "
+            f"{sum(y.values()) / len(qs):.3f}  paired {statistics.mean(d):+.3f} +- {se:.3f} (95% CI "
+            f"[{boot.ci_low:+.3f}, {boot.ci_high:+.3f}])  McNemar b={wins} c={losses} p2={mcnemar_exact(wins, losses)[1]:.2f}"
+            f"  seconds {seconds:.2f}x")
+
+
+def main(path: str) -> None:
+    state = json.loads(Path(path).read_text())
+    for prefix in ("", "gsm8k", "mmlu"):
+        print(compare(state, prefix))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "runs/workflow-replay/replay/state.json")
