@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--shard", type=_shard, default=(0, 1), metavar="K/N",
                      help="record every N-th question from the K-th (0-based): N processes, one core each, share "
                           "one cache (give each its own --runs)")
+    rec.add_argument("--reverse", action="store_true",
+                     help="take the shard from its last question (a second recorder on a shard meets the first)")
     rep = sub.add_parser("replay", help="replay every entry, train the menu conductor, the cascade; last line")
     prog = sub.add_parser("progress", help="the recording so far per dataset, no training (OUT/progress.md)")
     for p in (rep, prog):
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.stage == "record":
         menu = tuple(a.menu.split(",")) if a.menu else RecordSettings.menu
         print(record(RecordSettings(a.gsm8k, a.mmlu, a.limit, menu, Path(a.pool), Path(a.cache), a.chunk,
-                                    Path(a.runs), a.shard)).line(), flush=True)
+                                    Path(a.runs), a.shard, a.reverse)).line(), flush=True)
         return 0
     try:
         s = ReplaySettings(a.gsm8k, a.mmlu, Path(a.cache), Path(a.state), Path(a.out), tuple(a.lambdas), a.iterations,

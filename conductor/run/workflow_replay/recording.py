@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from conductor.run.record import RecordProgress, RecordSummary
 from conductor.run.workflow_replay.questions import (
@@ -26,6 +26,8 @@ from conductor.run.workflow_replay.questions import (
 
 if TYPE_CHECKING:
     from conductor.data.questions import Question
+
+_T = TypeVar("_T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +43,24 @@ class RecordSettings:
     chunk: int = 10                        # questions per chunk (menu, then the default conductor)
     runs: Path = Path("runs/workflow-replay")   # where the default conductor's answer runs go
     shard: tuple[int, int] = (0, 1)        # (K, N): every N-th question from the K-th; N recorders share one cache
+    reverse: bool = False                  # the shard from its last question: a second recorder meets the first
+
+
+def shard_order(questions: Sequence[_T], shard: tuple[int, int], reverse: bool = False) -> list[_T]:
+    """The questions one recorder takes, in its order: every N-th from the K-th (interleaved, so shards recording
+    side by side keep the union near a prefix), from the last when ``reverse``.
+
+    WHY reverse: when one shard finishes early, a second recorder on the slower shard, taken from its end, meets
+    the first one in the middle; each skips what the other recorded (the cache is content-keyed), and the cache
+    keeps the first reply written for a call (INSERT OR IGNORE), so a question both reached at once still replays
+    as one consistent workflow.
+
+    >>> shard_order(list(range(10)), (1, 2)), shard_order(list(range(10)), (1, 2), reverse=True)
+    ([1, 3, 5, 7, 9], [9, 7, 5, 3, 1])
+    """
+    k, n = shard
+    mine = list(questions[k::n])
+    return mine[::-1] if reverse else mine
 
 
 def record_default(questions: Sequence[Question], cache: Path, out: Path) -> int:
@@ -67,8 +87,7 @@ def record(s: RecordSettings) -> RecordSummary:
     questions = question_set(s.gsm8k, s.mmlu)
     if s.limit:
         questions = questions[:s.limit]
-    k, n = s.shard
-    questions = questions[k::n]     # interleaved: shards recording side by side keep the union near a prefix
+    questions = shard_order(questions, s.shard, s.reverse)
     menu = WorkflowMenu.parse(list(s.menu), load_pool(s.pool))
     cache_path = Path(s.cache)
     print(f"recording {len(menu)} menu entries and the default conductor over {len(questions)} questions "
