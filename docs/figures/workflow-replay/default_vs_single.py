@@ -2,6 +2,9 @@
 dataset: paired accuracy difference with its standard error, the paired bootstrap's 95% interval, McNemar's
 exact test, and the ratio of recorded seconds (docs/default-conductor.md, "The larger sample"). The default is
 untrained and its design was fixed before the recording began, so every recorded question is held out for it.
+Then menu entries chosen by dataset (GSM8K -> one entry, MMLU -> another): what a conductor whose decision cost
+nothing would score with fixed shapes; these pairs were picked looking at all recorded questions, so they are a
+description of the recording, not a held-out result.
 
 Reads the state a `replay` run leaves (no model is loaded; seconds):
 
@@ -35,10 +38,29 @@ def compare(state: dict, prefix: str) -> str:
             f"  seconds {seconds:.2f}x")
 
 
+BY_DATASET = (("fixed:0", "fixed:0"), ("chain:0:1", "fixed:0"), ("moa:0:0", "fixed:0"),
+              ("vote:0+pot-0+chain-0-1", "fixed:0"), ("moa:0:0", "moa:0:0"), ("vote:0+pot-0+chain-0-1", "moa:0:0"))
+
+
+def by_dataset(state: dict, gsm8k: str, mmlu: str) -> str:
+    """GSM8K questions answered by the entry ``gsm8k``, MMLU ones by ``mmlu``, against the 1.5B alone on every question that
+    both entries, ``fixed:0`` and the default have."""
+    needed = {gsm8k, mmlu, "fixed:0", "default"}
+    qs = sorted(q for q in state["default"] if all(q in state[e] and not state[e][q]["infra"] for e in needed))
+    pick = {q: gsm8k if q.startswith("gsm8k") else mmlu for q in qs}
+    d = [float(state[pick[q]][q]["correct"]) - float(state["fixed:0"][q]["correct"]) for q in qs]
+    acc = sum(state[pick[q]][q]["correct"] for q in qs) / len(qs)
+    seconds = sum(state[pick[q]][q]["seconds"] for q in qs) / sum(state["fixed:0"][q]["seconds"] for q in qs)
+    return (f"GSM8K -> {gsm8k:24s} MMLU -> {mmlu:8s} n={len(qs)}  accuracy {acc:.3f}  minus the 1.5B alone "
+            f"{statistics.mean(d):+.3f} +- {statistics.stdev(d) / math.sqrt(len(d)):.3f}  seconds {seconds:.2f}x")
+
+
 def main(path: str) -> None:
     state = json.loads(Path(path).read_text())
     for prefix in ("", "gsm8k", "mmlu"):
         print(compare(state, prefix))
+    for gsm8k, mmlu in BY_DATASET:
+        print(by_dataset(state, gsm8k, mmlu))
 
 
 if __name__ == "__main__":
