@@ -27,11 +27,11 @@ if [ "${COMPARE:-1}" != "0" ]; then
 
 What the comparison can and cannot say: its "In words" line above says whether the conductor and the best
 single worker are distinguishable on these questions; at 10 questions a difference must be about 30 points
-to show, so they usually are not. On a larger sample, 185 questions recorded for issue #47 (120 GSM8K, 65
-MMLU-STEM; docs/default-conductor.md), the untrained embedded conductor scored 45.9% against 47.6% for
-Qwen2.5-Coder-1.5B alone (-1.6 +/- 4.6 points paired) at 1.77x its seconds: on GSM8K it has the 1.5B reason,
-the python tool compute and the 0.5B report, right as often as the 1.5B alone (50.0% each); on MMLU it uses
-the 1.5B alone ("workers used" in the summary above shows the choice made on these questions). An earlier
+to show, so they usually are not. On a larger sample, 280 questions recorded for issue #47 (195 GSM8K, 85
+MMLU-STEM; docs/default-conductor.md), the untrained embedded conductor scored 40.7% against 43.6% for
+Qwen2.5-Coder-1.5B alone (-2.9 +/- 3.6 points paired) at 1.78x its seconds: on GSM8K it has the 1.5B reason,
+the python tool compute and the 0.5B report, right about as often as the 1.5B alone (41.5% against 41.0%); on
+MMLU it uses the 1.5B alone ("workers used" in the summary above shows the choice made on these questions). An earlier
 60-question slice had shown +11.7 points; the larger sample does not confirm it. What a conductor can gain on
 this pool, and what training learns there: docs/workflow-replay.md. A larger live comparison, from the questions shipped with the
 package: QUESTIONS=gsm8k_test:50,mmlu_stem:50 bash infra/quickstart.sh (about 45 s per question for the
