@@ -189,6 +189,39 @@ def test_llamacpp_prompt_lookup_speculation_keeps_greedy_tokens():
         fast.close()
 
 
+@needs_llama
+def test_llamacpp_prefill_starts_the_turn_and_a_menu_index_follows():
+    """A prefilled turn on llama.cpp (a menu conductor's ``shape = [``): the prefill is part of the prompt that is
+    evaluated and of the text returned; the grammar constrains what follows it to one index and ``]``, so every
+    sample expands into one of the menu's workflows. Without the prefill the text is what the model wrote."""
+    import re
+
+    from conductor.policy.llamacpp_backend import LlamaCppBackend
+    from conductor.policy.menu import MENU_PREFILL, WorkflowMenu
+    from conductor.workers.pool import load_pool
+
+    prompt, _ = _prompt()
+    menu = WorkflowMenu.parse("fixed:0,fixed:1,sc:0:3", load_pool(ROOT / "data/pools/simulated.yaml"))
+    params = GenerationParams(temperature=1.0, max_tokens=4, seed=2, grammar='root ::= [0-2] "]"')
+    backend = LlamaCppBackend(_smol(), n_ctx=4096, n_threads=1, prefill=MENU_PREFILL)
+    try:
+        (samples,) = backend.generate([prompt], 6, params)
+        rendered = backend.render(prompt)
+        prompt_ids = backend.llm.tokenize(rendered.encode(), add_bos=False, special=True)
+    finally:
+        backend.close()
+    assert rendered.endswith(MENU_PREFILL) and samples[0].prompt_token_ids == prompt_ids
+    for g in samples:
+        assert re.fullmatch(re.escape(MENU_PREFILL) + r"[0-2]\]", g.text), g.text
+        assert menu.expand(g.text) in {e.workflow.render() for e in menu.entries}
+    plain = LlamaCppBackend(_smol(), n_ctx=4096, n_threads=1)
+    try:
+        (free,) = plain.generate([prompt], 1, GenerationParams(temperature=0.0, max_tokens=4, grammar='root ::= [0-2] "]"'))
+    finally:
+        plain.close()
+    assert re.fullmatch(r"[0-2]\]", free[0].text), free[0].text
+
+
 # ------------------------------------------------------------------ transformers
 
 

@@ -26,6 +26,12 @@ noise (up to ~0.2 in log-prob measured here), so a close call (best two tokens w
 re-decided on a single-token evaluation. On one thread a batch of 17 tokens costs about 6 single steps, so
 every accepted draft token saves most of a decode step. Sampled decoding (temperature > 0) is never
 speculated.
+
+A prefill (``prefill``, text the assistant's turn starts with, as ``conductor.policy.prefill`` does on
+transformers): it is evaluated as part of the prompt, the model continues after it, and the returned text starts
+with it, so the parser, the lake and a menu's expansion (``conductor.policy.menu``) read the whole turn. A grammar
+constrains what follows the prefill. Its tokens are prompt tokens here (``prompt_token_ids``), not completion
+tokens: nothing trains on a llama.cpp generation's ids.
 """
 
 from __future__ import annotations
@@ -47,7 +53,8 @@ class LlamaCppBackend:
     name = "llamacpp"
 
     def __init__(self, model_path: str | Path, *, n_ctx: int = 8192, n_threads: int | None = None, n_batch: int = 512,
-                 system_prompt: str | None = None, prefix_cache: PrefixCache | None = None, speculate: int = 0):
+                 system_prompt: str | None = None, prefix_cache: PrefixCache | None = None, speculate: int = 0,
+                 prefill: str = ""):
         from llama_cpp import Llama
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
@@ -63,6 +70,7 @@ class LlamaCppBackend:
         self.prefix_cache = prefix_cache
         self.prefill_tokens = 0           # prompt tokens actually evaluated (after reused prefixes)
         self.speculate = speculate        # draft tokens proposed per greedy step (0: none)
+        self.prefill = prefill            # the text every assistant turn starts with (module docstring)
         self.drafted = self.accepted = 0  # draft tokens proposed / accepted so far (bench/answer_flow.py)
         self.rechecked = 0                # close calls re-decided token by token (``NEAR_TIE``)
         model = self.llm._model
@@ -77,10 +85,11 @@ class LlamaCppBackend:
     # ------------------------------------------------------------ helpers
 
     def render(self, prompt: str) -> str:
+        """The chat-formatted prompt up to the assistant's turn, the prefill included."""
         messages: list[ChatCompletionRequestMessage] = [{"role": "user", "content": prompt}]
         if self.system_prompt:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
-        return self._formatter(messages=messages).prompt
+        return self._formatter(messages=messages).prompt + self.prefill
 
     def _is_end(self, token: int) -> bool:
         import llama_cpp
@@ -218,7 +227,7 @@ class LlamaCppBackend:
                 text = text[:cut]
         if not all(math.isfinite(x) for x in logprobs):
             raise ValueError(f"llama.cpp backend ({self.model_path.name}): non-finite log-prob in a sampled completion")
-        return Generation(text=text, token_ids=tokens, logprobs=logprobs if params.logprobs else None,
+        return Generation(text=self.prefill + text, token_ids=tokens, logprobs=logprobs if params.logprobs else None,
                           finish_reason=finish, prompt_token_ids=list(prompt_ids))
 
     def _stopped(self, tokens: list[int], stop: Sequence[str]) -> bool:
