@@ -202,7 +202,7 @@ def test_llamacpp_prefill_starts_the_turn_and_a_menu_index_follows():
 
     prompt, _ = _prompt()
     menu = WorkflowMenu.parse("fixed:0,fixed:1,sc:0:3", load_pool(ROOT / "data/pools/simulated.yaml"))
-    params = GenerationParams(temperature=1.0, max_tokens=4, seed=2, grammar='root ::= [0-2] "]"')
+    params = GenerationParams(temperature=1.0, max_tokens=4, seed=2, grammar=menu.index_grammar())
     backend = LlamaCppBackend(_smol(), n_ctx=4096, n_threads=1, prefill=MENU_PREFILL)
     try:
         (samples,) = backend.generate([prompt], 6, params)
@@ -216,7 +216,7 @@ def test_llamacpp_prefill_starts_the_turn_and_a_menu_index_follows():
         assert menu.expand(g.text) in {e.workflow.render() for e in menu.entries}
     plain = LlamaCppBackend(_smol(), n_ctx=4096, n_threads=1)
     try:
-        (free,) = plain.generate([prompt], 1, GenerationParams(temperature=0.0, max_tokens=4, grammar='root ::= [0-2] "]"'))
+        (free,) = plain.generate([prompt], 1, GenerationParams(temperature=0.0, max_tokens=4, grammar=menu.index_grammar()))
     finally:
         plain.close()
     assert re.fullmatch(r"[0-2]\]", free[0].text), free[0].text

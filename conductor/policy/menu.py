@@ -114,6 +114,17 @@ class WorkflowMenu:
     def specs(self) -> list[str]:
         return [e.spec for e in self.entries]
 
+    def index_grammar(self) -> str:
+        """GBNF for what follows ``MENU_PREFILL``: one entry's index, then ``]`` (llama.cpp's grammar sampler; the
+        transformers path masks the same tokens with ``IndexConstraint``).
+
+        >>> from conductor.workers.pool import Pool, Worker
+        >>> WorkflowMenu.parse("fixed:0,fixed:1,sc:0:3", Pool(pool_id="p", workers=[
+        ...     Worker(name=n, provider="simulated", model=n) for n in "ab"])).index_grammar()
+        'root ::= ("0" | "1" | "2") "]"'
+        """
+        return "root ::= (" + " | ".join(f'"{i}"' for i in range(len(self.entries))) + ') "]"'
+
     def expand(self, completion: str) -> str | None:
         """The workflow text a prefilled completion chose, or None when it names no entry (the parser then
         rejects the completion as written, so a bad sample is graded as the failure it is).
