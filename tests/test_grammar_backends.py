@@ -197,7 +197,7 @@ def test_llamacpp_prefill_starts_the_turn_and_a_menu_index_follows():
     import re
 
     from conductor.policy.llamacpp_backend import LlamaCppBackend
-    from conductor.policy.menu import MENU_PREFILL, WorkflowMenu
+    from conductor.policy.menu import MENU_PREFILL, MenuBackend, WorkflowMenu
     from conductor.workers.pool import load_pool
 
     prompt, _ = _prompt()
@@ -208,12 +208,16 @@ def test_llamacpp_prefill_starts_the_turn_and_a_menu_index_follows():
         (samples,) = backend.generate([prompt], 6, params)
         rendered = backend.render(prompt)
         prompt_ids = backend.llm.tokenize(rendered.encode(), add_bos=False, special=True)
+        # as a conductor: the run asks with its workflow grammar; the menu backend asks for an index instead
+        run_params = GenerationParams(temperature=1.0, max_tokens=4, seed=5, grammar=workflow_grammar(3, 3))
+        (chosen,) = MenuBackend(backend, menu, index_grammar=True).generate([prompt], 3, run_params)
     finally:
         backend.close()
     assert rendered.endswith(MENU_PREFILL) and samples[0].prompt_token_ids == prompt_ids
     for g in samples:
         assert re.fullmatch(re.escape(MENU_PREFILL) + r"[0-2]\]", g.text), g.text
         assert menu.expand(g.text) in {e.workflow.render() for e in menu.entries}
+    assert all(g.text in {e.workflow.render() for e in menu.entries} for g in chosen), [g.text for g in chosen]
     plain = LlamaCppBackend(_smol(), n_ctx=4096, n_threads=1)
     try:
         (free,) = plain.generate([prompt], 1, GenerationParams(temperature=0.0, max_tokens=4, grammar=menu.index_grammar()))

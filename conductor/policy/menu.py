@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from conductor.generation import Generation, GenerationParams
+from conductor.generation import Generation, GenerationParams, PolicyBackend
 from conductor.policy.spec import (
     STRATEGY_FORMS,
     ConductorSpecError,
@@ -39,7 +39,6 @@ from conductor.policy.spec import (
 from conductor.workflow import Step, Workflow
 
 if TYPE_CHECKING:
-    from conductor.policy.prefill import PrefilledBackend
     from conductor.trajectory import Trajectory
     from conductor.workers.pool import Pool
 
@@ -163,16 +162,26 @@ class WorkflowMenu:
 
 
 class MenuBackend:
-    """``inner`` (a ``PrefilledBackend`` with ``MENU_PREFILL`` and a ``IndexConstraint`` over the menu's
-    size) whose completions are expanded into the chosen entry's workflow (module docstring)."""
+    """``inner`` (a backend whose turns start with ``MENU_PREFILL`` and end at an index: a ``PrefilledBackend``
+    with an ``IndexConstraint`` on transformers, or ``LlamaCppBackend(prefill=MENU_PREFILL)`` with
+    ``index_grammar=True``) whose completions are expanded into the chosen entry's workflow (module docstring).
 
-    name = "transformers+menu"
+    ``index_grammar``: every generation is asked with the menu's ``index_grammar()`` in place of the run's grammar
+    (llama.cpp applies it after the prefill; the run's grammar is the workflow grammar, for a turn the menu writes).
+    """
 
-    def __init__(self, inner: PrefilledBackend, menu: WorkflowMenu):
+    def __init__(self, inner: PolicyBackend, menu: WorkflowMenu, *, index_grammar: bool = False):
         self.inner = inner
         self.menu = menu
+        self.grammar = menu.index_grammar() if index_grammar else None
+
+    @property
+    def name(self) -> str:
+        return f"{self.inner.name}+menu"
 
     def generate(self, prompts: list[str], n: int, params: GenerationParams) -> list[list[Generation]]:
+        if self.grammar is not None:
+            params = replace(params, grammar=self.grammar)
         return [[self._expanded(g) for g in gens] for gens in self.inner.generate(prompts, n, params)]
 
     def _expanded(self, g: Generation) -> Generation:
