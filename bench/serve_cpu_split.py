@@ -5,7 +5,8 @@ this bench takes the HTTP side away to split what is left (issue #49's ``server_
 
 1. ``full``: the app as `conductor serve` builds it (``create_app`` over a ``ServeConfig``), called through
    ASGI directly (no socket), ``--concurrency`` requests at a time, the simulated pool answering after
-   ``--latency`` seconds per call, the lake on;
+   ``--latency`` seconds per call, the lake on (the ASGI scope is built here rather than through httpx's
+   ``ASGITransport``: a client's own work would count in the same process's CPU);
 2. ``no_lake``: the same without the served-traffic lake (its writer thread and Parquet shards);
 3. ``stub_workers``: the same as ``full`` with the simulated workers' own work (finding the gold answer in the
    prompt, a seeded draw, the reply's text) replaced by a fixed reply after the same latency: the stand-in for
