@@ -18,12 +18,14 @@ from pydantic import TypeAdapter, ValidationError
 from conductor.execution.shared_limits import LimitsSpec
 from conductor.policy.spec import (
     AutoSpec,
+    ChainSpec,
     ChampionSpec,
     ConductorSpec,
     ConductorSpecError,
     EmbeddedSpec,
     FixedSpec,
     LlamaCppSpec,
+    MenuSpec,
     MixtureSpec,
     OpenAISpec,
     PolicySpecError,
@@ -63,6 +65,9 @@ CORPUS = [
     ("random", RandomSpec()),
     ("random:7", RandomSpec(seed=7)),
     ("random:7:3", RandomSpec(seed=7, max_steps=3)),
+    ("menu:fixed:0,chain:0:1", MenuSpec(entries=(FixedSpec(worker=0), ChainSpec(worker=0, reporter=1)))),
+    ("menu:moa:0+1:1,vote:0+1", MenuSpec(entries=(MixtureSpec(proposers=(0, 1), aggregator=1),
+                                                  VoteSpec(proposers=(0, 1))))),
 ]
 
 
@@ -123,6 +128,12 @@ def test_layers_match_on_the_type():
     ("random:a", StrategyError, "seed 'a' is not an integer"),
     ("random:1:0", StrategyError, "max_steps must be at least 1"),
     ("random:1:2:3", StrategyError, "expected fixed:I"),
+    ("menu:fixed:0,random", StrategyError, "entry 2 'random' is not a fixed workflow"),
+    ("menu:fixed:0,,fixed:1", StrategyError, "entry 2 '': expected fixed:I"),
+    ("menu:fixed:0,sc:1", StrategyError, "strategy 'sc:1': expected fixed:I"),
+    ("menu:embedded", StrategyError, "entry 1 'embedded': expected fixed:I"),
+    ("menu:" + ",".join(["fixed:0"] * 11), StrategyError, "11 entries; 1 to 10"),
+    ("menu", ConductorSpecError, "unknown spec"),
 ])
 def test_malformed_specs_are_one_line_errors_of_their_family(text, error, message):
     with pytest.raises(error, match=re.escape(message)) as e:
@@ -315,3 +326,21 @@ def test_the_answer_command_prepares_its_run_once(tmp_path, monkeypatch):
     assert len(calls) == 1
     rows = [json.loads(line) for line in (tmp_path / "o" / "answers.jsonl").read_text().splitlines()]
     assert len(rows) == 2
+
+
+def test_a_menu_is_checked_entry_by_entry_against_the_pool_before_anything_starts():
+    """``menu:`` (the embedded model picks one fixed workflow per question): each entry is checked as a strategy
+    over the run's pool and its max_steps, in one line naming the entry, and the run gets the informed prompt
+    and greedy decoding as the untrained embedded conductor does."""
+    from conductor.run.preflight import UsageError, check_conductor
+    from conductor.workers.pool import load_pool
+
+    pool = load_pool(ROOT / "data/pools/local.yaml")
+    assert check_conductor(parse_conductor_spec("menu:fixed:0, chain:0:1"), pool, 3) == "menu:fixed:0,chain:0:1"
+    with pytest.raises(UsageError, match=re.escape("--conductor: strategy 'cascade:0+pot-0:0' writes 5 steps: "
+                                                   "run it with --max-steps 5 or more")):
+        check_conductor(parse_conductor_spec("menu:fixed:0,cascade:0+pot-0:0"), pool, 3)
+    with pytest.raises(UsageError, match=r"--conductor: strategy 'fixed:7'.*"):
+        check_conductor(parse_conductor_spec("menu:fixed:0,fixed:7"), pool, 3)
+    assert is_embedded_checkpoint("menu:fixed:0,chain:0:1")
+    assert FewShotSpec(policy="auto").resolved(is_embedded_checkpoint("menu:fixed:0")).policy == "informed"

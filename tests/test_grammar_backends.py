@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -202,7 +203,7 @@ def test_llamacpp_prefill_starts_the_turn_and_a_menu_index_follows():
 
     prompt, _ = _prompt()
     menu = WorkflowMenu.parse("fixed:0,fixed:1,sc:0:3", load_pool(ROOT / "data/pools/simulated.yaml"))
-    params = GenerationParams(temperature=1.0, max_tokens=4, seed=2, grammar=menu.index_grammar())
+    params = GenerationParams(temperature=1.0, max_tokens=4, seed=2, grammar=menu.index_choice().grammar)
     backend = LlamaCppBackend(_smol(), n_ctx=4096, n_threads=1, prefill=MENU_PREFILL)
     try:
         (samples,) = backend.generate([prompt], 6, params)
@@ -210,7 +211,7 @@ def test_llamacpp_prefill_starts_the_turn_and_a_menu_index_follows():
         prompt_ids = backend.llm.tokenize(rendered.encode(), add_bos=False, special=True)
         # as a conductor: the run asks with its workflow grammar; the menu backend asks for an index instead
         run_params = GenerationParams(temperature=1.0, max_tokens=4, seed=5, grammar=workflow_grammar(3, 3))
-        (chosen,) = MenuBackend(backend, menu, index_grammar=True).generate([prompt], 3, run_params)
+        (chosen,) = MenuBackend(backend, menu, choice=menu.index_choice()).generate([prompt], 3, run_params)
     finally:
         backend.close()
     assert rendered.endswith(MENU_PREFILL) and samples[0].prompt_token_ids == prompt_ids
@@ -220,10 +221,38 @@ def test_llamacpp_prefill_starts_the_turn_and_a_menu_index_follows():
     assert all(g.text in {e.workflow.render() for e in menu.entries} for g in chosen), [g.text for g in chosen]
     plain = LlamaCppBackend(_smol(), n_ctx=4096, n_threads=1)
     try:
-        (free,) = plain.generate([prompt], 1, GenerationParams(temperature=0.0, max_tokens=4, grammar=menu.index_grammar()))
+        (free,) = plain.generate([prompt], 1, GenerationParams(temperature=0.0, max_tokens=4, grammar=menu.index_choice().grammar))
     finally:
         plain.close()
     assert re.fullmatch(r"[0-2]\]", free[0].text), free[0].text
+
+
+@needs_llama
+def test_llamacpp_native_menu_choice_is_the_models_own_next_tokens_finishing_one_entrys_model_list():
+    """The menu in the conductor's own format (``WorkflowMenu.native_choice``): the turn starts with what every
+    entry's ``model_id`` line shares, the grammar lets the model finish it only as one entry does, and the menu
+    backend runs that entry. Sampled at temperature 1, the real SmolLM2 reaches each entry's line and nothing else;
+    the choice costs a few decoded tokens, never a written workflow."""
+    from conductor.policy.llamacpp_backend import LlamaCppBackend
+    from conductor.policy.menu import MenuBackend, WorkflowMenu
+    from conductor.workers.pool import load_pool
+
+    prompt, _ = _prompt()
+    menu = WorkflowMenu.parse("fixed:0,moa:0+1:2,moa:0+0:1", load_pool(ROOT / "data/pools/simulated.yaml"))
+    choice = menu.native_choice()
+    assert choice is not None and choice.prefill == "model_id = [0"
+    backend = LlamaCppBackend(_smol(), n_ctx=4096, n_threads=1, prefill=choice.prefill)
+    try:
+        run_params = GenerationParams(temperature=1.0, max_tokens=16, seed=3, grammar=workflow_grammar(3, 3))
+        (chosen,) = MenuBackend(backend, menu, choice=choice).generate([prompt], 8, run_params)
+        (raw,) = backend.generate([prompt], 8, replace(run_params, grammar=choice.grammar))
+    finally:
+        backend.close()
+    renders = [e.workflow.render() for e in menu.entries]
+    assert all(g.text in renders for g in chosen), [g.text for g in chosen]
+    assert all(choice.index_of(g.text) is not None for g in raw), [g.text for g in raw]
+    # the rest of one line and the end of the turn, not a workflow (SmolLM2 spells ", 1, 2]\n" in 8 tokens)
+    assert all(len(g.token_ids) <= 9 for g in raw), [len(g.token_ids) for g in raw]
 
 
 # ------------------------------------------------------------------ transformers

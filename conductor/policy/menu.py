@@ -23,6 +23,8 @@ indices must be single tokens (``0``..``9`` in SmolLM2's and Qwen2.5's vocabular
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
 # completion token, so the prefill's length scales the step the choice token gets (keeping the learning rate
 # measured for routing meaningful here).
 MENU_PREFILL = "# Workflow shape, by its number: a worker alone, attempts and a vote, or answers and a reviewer.\nshape = ["
+MENU_CHOICE = "# The best workflow for this question, by its number:\nshape = ["   # ends as MENU_PREFILL does
 MAX_ENTRIES = 10
 _INDEX_RE = re.compile(r"shape = \[\s*(\d+)\s*\]?\s*$")
 
@@ -56,6 +59,26 @@ class MenuEntry:
 
     spec: str
     workflow: Workflow
+
+
+@dataclass(frozen=True)
+class MenuChoice:
+    """How a model is asked to choose an entry: its turn starts with ``prefill`` and it may write only one of
+    ``options`` (entry i's is ``options[i]``) after it (``grammar``: GBNF, llama.cpp's grammar sampler)."""
+
+    prefill: str
+    options: tuple[str, ...]
+
+    @property
+    def grammar(self) -> str:
+        return "root ::= " + " | ".join(json.dumps(o) for o in self.options)   # JSON's escapes are GBNF's
+
+    def index_of(self, completion: str) -> int | None:
+        """The entry a completion (the prefill, then what the model wrote) chose; None when it chose none."""
+        if not completion.startswith(self.prefill):
+            return None
+        rest = completion[len(self.prefill):].strip()
+        return next((i for i, o in enumerate(self.options) if o.strip() == rest), None)
 
 
 @dataclass(frozen=True)
@@ -113,16 +136,57 @@ class WorkflowMenu:
     def specs(self) -> list[str]:
         return [e.spec for e in self.entries]
 
-    def index_grammar(self) -> str:
-        """GBNF for what follows ``MENU_PREFILL``: one entry's index, then ``]`` (llama.cpp's grammar sampler; the
-        transformers path masks the same tokens with ``IndexConstraint``).
+    def describe(self) -> str:
+        """The menu as the conductor model reads it: one line per entry, its steps' models and the first words of
+        their subtasks (the pool's models are listed by number in the prompt), for a model that was not trained
+        on the menu.
 
         >>> from conductor.workers.pool import Pool, Worker
-        >>> WorkflowMenu.parse("fixed:0,fixed:1,sc:0:3", Pool(pool_id="p", workers=[
-        ...     Worker(name=n, provider="simulated", model=n) for n in "ab"])).index_grammar()
-        'root ::= ("0" | "1" | "2") "]"'
+        >>> print(WorkflowMenu.parse("fixed:0,moa:0+1:1", Pool(pool_id="p", workers=[
+        ...     Worker(name=n, provider="simulated", model=n) for n in "ab"])).describe())
+        0: model 0 (answer the user question)
+        1: model 0 (answer the user question) and model 1 (answer the user question), then model 1 (you are shown answers to the user question from several other models)
         """
-        return "root ::= (" + " | ".join(f'"{i}"' for i in range(len(self.entries))) + ') "]"'
+        return "\n".join(f"{i}: {_describe(e.workflow)}" for i, e in enumerate(self.entries))
+
+    def index_choice(self, described: bool = False) -> MenuChoice:
+        """Choose by index: the turn starts with ``MENU_PREFILL`` (``described``: with the menu described first,
+        ``describe``, for a model that was not trained on it) and a grammar lets it write one index and ``]``.
+
+        >>> from conductor.workers.pool import Pool, Worker
+        >>> c = WorkflowMenu.parse("fixed:0,fixed:1,sc:0:3", Pool(pool_id="p", workers=[
+        ...     Worker(name=n, provider="simulated", model=n) for n in "ab"])).index_choice()
+        >>> c.grammar, c.index_of(MENU_PREFILL + "2]"), c.index_of(MENU_PREFILL + "7]")
+        ('root ::= "0]" | "1]" | "2]"', 2, None)
+        """
+        head = f"# Ready-made workflows, one per line:\n{_commented(self.describe())}\n{MENU_CHOICE}" if described \
+            else MENU_PREFILL
+        return MenuChoice(head, tuple(f"{i}]" for i in range(len(self.entries))))
+
+    def native_choice(self) -> MenuChoice | None:
+        """Choose in the conductor's own format: the turn starts with what every entry's ``model_id`` line shares
+        and a grammar lets the model finish that line only as one entry does, so the choice is the model's own
+        next tokens where the entries part (``model_id = [0`` then ``]`` for one step, ``, 3, 1]`` for a chain):
+        the decision an untrained conductor makes writing a workflow, without writing the subtasks. None when
+        two entries have the same ``model_id`` line (then choose by index).
+
+        >>> from conductor.workers.pool import Pool, Worker
+        >>> m = WorkflowMenu.parse("fixed:0,moa:0+1:1,fixed:1", Pool(pool_id="p", workers=[
+        ...     Worker(name=n, provider="simulated", model=n) for n in "ab"]))
+        >>> c = m.native_choice()
+        >>> c.prefill, c.options, c.index_of("model_id = [0, 1, 1]\\n")
+        ('model_id = [', ('0]\\n', '0, 1, 1]\\n', '1]\\n'), 1)
+        >>> WorkflowMenu.parse("fixed:0,moa:0+0:1", m.pool).native_choice().options
+        (']\\n', ', 0, 1]\\n')
+        >>> WorkflowMenu.parse("fixed:0,fixed:0", m.pool).native_choice() is None
+        True
+        """
+        lines = [e.workflow.render().partition("\n")[0] for e in self.entries]
+        if len(set(lines)) < len(lines):
+            return None
+        head = os.path.commonprefix(lines)
+        # each option ends the line: a model writes "]\n" as one token where it ends a one-step list
+        return MenuChoice(head, tuple(line[len(head):] + "\n" for line in lines))
 
     def expand(self, completion: str) -> str | None:
         """The workflow text a prefilled completion chose, or None when it names no entry (the parser then
@@ -161,31 +225,53 @@ class WorkflowMenu:
         return {d: {s: k / sum(c.values()) for s, k in sorted(c.items())} for d, c in sorted(counts.items())}
 
 
-class MenuBackend:
-    """``inner`` (a backend whose turns start with ``MENU_PREFILL`` and end at an index: a ``PrefilledBackend``
-    with an ``IndexConstraint`` on transformers, or ``LlamaCppBackend(prefill=MENU_PREFILL)`` with
-    ``index_grammar=True``) whose completions are expanded into the chosen entry's workflow (module docstring).
+def _describe(wf: Workflow) -> str:
+    """Steps that see nothing earlier run side by side (``and``); a step that sees earlier ones comes after them
+    (``then``)."""
+    parts = []
+    for k, step in enumerate(wf.steps):
+        first = re.split(r"[.;:(]", step.subtask)[0].split()
+        words = " ".join(first[:12]) + (" ..." if len(first) > 12 else "")
+        phrase = f"model {step.worker} ({words[:1].lower()}{words[1:]})"
+        parts.append(phrase if k == 0 else (" and " if not step.access else ", then ") + phrase)
+    return "".join(parts)
 
-    ``index_grammar``: every generation is asked with the menu's ``index_grammar()`` in place of the run's grammar
-    (llama.cpp applies it after the prefill; the run's grammar is the workflow grammar, for a turn the menu writes).
+
+def _commented(text: str) -> str:
+    return "\n".join(f"# {line}" for line in text.splitlines())
+
+
+class MenuBackend:
+    """``inner`` (a backend whose turns start with a menu's prefill: a ``PrefilledBackend`` with an
+    ``IndexConstraint`` on transformers, or a ``LlamaCppBackend(prefill=choice.prefill)``) whose completions are
+    expanded into the chosen entry's workflow (module docstring).
+
+    ``choice``: how the model was asked (``WorkflowMenu.index_choice`` or ``native_choice``); every generation is
+    then asked with its grammar in place of the run's (llama.cpp applies it after the prefill; the run's grammar
+    is the workflow grammar, for a turn the menu writes). None: ``MENU_PREFILL`` and an index constraint inside
+    ``inner`` (the transformers path the trainer uses).
     """
 
-    def __init__(self, inner: PolicyBackend, menu: WorkflowMenu, *, index_grammar: bool = False):
+    def __init__(self, inner: PolicyBackend, menu: WorkflowMenu, *, choice: MenuChoice | None = None):
         self.inner = inner
         self.menu = menu
-        self.grammar = menu.index_grammar() if index_grammar else None
+        self.choice = choice
 
     @property
     def name(self) -> str:
         return f"{self.inner.name}+menu"
 
     def generate(self, prompts: list[str], n: int, params: GenerationParams) -> list[list[Generation]]:
-        if self.grammar is not None:
-            params = replace(params, grammar=self.grammar)
+        if self.choice is not None:
+            params = replace(params, grammar=self.choice.grammar)
         return [[self._expanded(g) for g in gens] for gens in self.inner.generate(prompts, n, params)]
 
     def _expanded(self, g: Generation) -> Generation:
-        text = self.menu.expand(g.text)
+        if self.choice is None:
+            text = self.menu.expand(g.text)
+        else:
+            i = self.choice.index_of(g.text)
+            text = None if i is None else self.menu.entries[i].workflow.render()
         if text is None:
             return g
         return Generation(text=text, token_ids=g.token_ids, logprobs=g.logprobs, finish_reason=g.finish_reason,

@@ -25,10 +25,15 @@ The grammar (the head is case-insensitive; surrounding whitespace is dropped)::
     chain:I:R                          baseline: I reasons and writes a program, python runs it, R reports
     cascade:A+B+...:J                  baseline: cheap answers; when they all agree accept, else J decides
     random[:SEED[:MAX_STEPS]]          baseline: a random workflow per question
+    menu:E1,E2,...                     the embedded model picks one entry (any spec above but random) per question
 
 A proposer of ``vote`` and a cheap answer of ``cascade`` is an *answer item*: ``I`` (worker I answers alone),
 ``pot-I`` or ``chain-I-R`` (those strategies' steps), so a vote or a cascade can combine different kinds of
 answers (``vote:0+pot-0+chain-0-1``, ``cascade:0+pot-0:0``).
+
+A ``menu`` lists fixed workflows (up to ten, ``,`` between them, so ``moa`` proposers are joined by ``+`` there);
+the embedded conductor model chooses one per question by writing its index, one token
+(conductor/policy/menu.py).
 
 Worker ordinals are checked against a pool where the pool is known (conductor/policy/strategies.py), and
 files, packages and key variables where a run is prepared (conductor/policy/factory.py ``check_spec``);
@@ -59,7 +64,8 @@ BACKENDS = ("embedded", "llamacpp", "transformers", "vllm", "openai")
 STRATEGIES = ("fixed", "sc", "moa", "vote", "random", "pot", "chain", "cascade")
 EXPECTED = ("auto, champion[@REGISTRY], embedded[:NAME], llamacpp:FILE.gguf, transformers:DIR[#FILE.gguf], "
             "vllm:MODEL, openai:MODEL[@URL][#KEY_ENV], fixed:I, sc:I:K, moa:P1+P2+...:AGG, vote:P1+P2+..., random[:SEED[:MAX_STEPS]], "
-            "pot:I, chain:I:R, cascade:A+B+...:J")
+            "pot:I, chain:I:R, cascade:A+B+...:J, menu:E1,E2,...")
+MAX_MENU_ENTRIES = 10   # a menu index is one token: 0..9 in SmolLM2's and Qwen2.5's vocabularies
 STRATEGY_FORMS = ("fixed:I, sc:I:K, moa:P1+P2+...:AGG, vote:P1+P2+..., random[:SEED[:MAX_STEPS]], pot:I, chain:I:R "
                   "or cascade:A+B+...:J")
 _ORDINAL = re.compile(r"[0-9]+")
@@ -428,11 +434,38 @@ class RandomSpec(_StrategySpec):
         return ":".join(["random", *(str(v) for v in (self.seed, self.max_steps) if v is not None)])
 
 
+class MenuSpec(_Spec):
+    """``menu:E1,E2,...``: the embedded conductor model chooses one of these fixed workflows per question by
+    writing its index (one token; conductor/policy/menu.py). Not a strategy: a model makes the choice.
+
+    >>> m = parse_conductor_spec("menu:fixed:0, chain:0:1,moa:0+0:0")
+    >>> str(m), m.steps_needed
+    ('menu:fixed:0,chain:0:1,moa:0+0:0', 3)
+    >>> parse_conductor_spec("menu:fixed:0,random")
+    Traceback (most recent call last):
+    ...
+    conductor.policy.spec.StrategyError: conductor spec 'menu:fixed:0,random': entry 2 'random' is not a fixed workflow
+    """
+
+    kind: Literal["menu"] = "menu"
+    entries: tuple[Annotated[FixedSpec | SelfConsistencySpec | MixtureSpec | VoteSpec | ProgramSpec | ChainSpec
+                             | CascadeSpec, Field(discriminator="kind")], ...] = Field(min_length=1,
+                                                                                         max_length=MAX_MENU_ENTRIES)
+
+    @property
+    def steps_needed(self) -> int:
+        """The longest workflow on the menu (a run's ``max_steps`` must allow it)."""
+        return max(e.steps_needed for e in self.entries)
+
+    def __str__(self) -> str:
+        return "menu:" + ",".join(map(str, self.entries))
+
+
 StrategyBase = _StrategySpec   # every baseline spec's class (``case StrategyBase():`` matches them all)
 BackendSpec = EmbeddedSpec | LlamaCppSpec | TransformersSpec | VllmSpec | OpenAISpec
 StrategySpec = (FixedSpec | SelfConsistencySpec | MixtureSpec | VoteSpec | RandomSpec | ProgramSpec | ChainSpec
                 | CascadeSpec)
-ConductorSpec = Annotated[AutoSpec | ChampionSpec | BackendSpec | StrategySpec, Field(discriminator="kind")]
+ConductorSpec = Annotated[AutoSpec | ChampionSpec | BackendSpec | StrategySpec | MenuSpec, Field(discriminator="kind")]
 BACKEND_SPECS = (EmbeddedSpec, LlamaCppSpec, TransformersSpec, VllmSpec, OpenAISpec)
 STRATEGY_SPECS = (FixedSpec, SelfConsistencySpec, MixtureSpec, VoteSpec, RandomSpec, ProgramSpec, ChainSpec,
                   CascadeSpec)
@@ -459,7 +492,7 @@ def parse_conductor_spec(text: str) -> ConductorSpec:
     >>> parse_conductor_spec("x")
     Traceback (most recent call last):
     ...
-    conductor.policy.spec.ConductorSpecError: conductor spec 'x': unknown spec (expected one of auto, champion[@REGISTRY], embedded[:NAME], llamacpp:FILE.gguf, transformers:DIR[#FILE.gguf], vllm:MODEL, openai:MODEL[@URL][#KEY_ENV], fixed:I, sc:I:K, moa:P1+P2+...:AGG, vote:P1+P2+..., random[:SEED[:MAX_STEPS]], pot:I, chain:I:R, cascade:A+B+...:J)
+    conductor.policy.spec.ConductorSpecError: conductor spec 'x': unknown spec (expected one of auto, champion[@REGISTRY], embedded[:NAME], llamacpp:FILE.gguf, transformers:DIR[#FILE.gguf], vllm:MODEL, openai:MODEL[@URL][#KEY_ENV], fixed:I, sc:I:K, moa:P1+P2+...:AGG, vote:P1+P2+..., random[:SEED[:MAX_STEPS]], pot:I, chain:I:R, cascade:A+B+...:J, menu:E1,E2,...)
     """
     if not isinstance(text, str):
         raise ConductorSpecError(f"conductor spec {text!r}: expected text, got {type(text).__name__}")
@@ -470,6 +503,8 @@ def parse_conductor_spec(text: str) -> ConductorSpec:
         return _strategy(text, head, rest if colon else None)
     if head in BACKENDS:
         return _backend(text, head, rest)
+    if head == "menu" and colon:
+        return _menu(text, rest)
     if raw.lower() == "auto":
         return AutoSpec()
     name, at, registry = raw.partition("@")
@@ -539,6 +574,23 @@ def _strategy(text: str, kind: str, rest: str | None) -> StrategySpec:
     raise StrategyError(f"strategy {text!r}: expected {STRATEGY_FORMS}")
 
 
+def _menu(text: str, rest: str) -> MenuSpec:
+    """A menu from the text after ``menu:``: comma-separated strategy specs, each one a fixed workflow."""
+    names = [part.strip() for part in rest.split(",")]
+    if not 1 <= len(names) <= MAX_MENU_ENTRIES:
+        raise StrategyError(f"conductor spec {text!r}: {len(names)} entries; 1 to {MAX_MENU_ENTRIES} (one-token indices)")
+    entries = []
+    for i, name in enumerate(names, 1):
+        head = head_of(name)
+        if head not in STRATEGIES:
+            raise StrategyError(f"conductor spec {text!r}: entry {i} {name!r}: expected {STRATEGY_FORMS}")
+        entry = _strategy(name, head, name.partition(":")[2] if ":" in name else None)
+        if isinstance(entry, RandomSpec):
+            raise StrategyError(f"conductor spec {text!r}: entry {i} {name!r} is not a fixed workflow")
+        entries.append(entry)
+    return MenuSpec(entries=tuple(entries))
+
+
 def _item(part: str, text: str) -> int | ProgramSpec | ChainSpec:
     """An answer item: ``I``, ``pot-I`` or ``chain-I-R``."""
     head, _, rest = part.strip().partition("-")
@@ -590,13 +642,15 @@ def is_strategy_text(spec: ConductorSpec | str) -> bool:
 
 
 def is_embedded_checkpoint(checkpoint_id: str) -> bool:
-    """Whether a run's checkpoint id names the untrained embedded conductor. A conductor that does not come
-    from a registry is identified by its spec's canonical text, so this is a question about the spec.
+    """Whether a run's checkpoint id names the untrained embedded conductor (writing workflows, or choosing from a
+    menu: it gets the informed prompt and decodes greedily). A conductor that does not come from a registry is
+    identified by its spec's canonical text, so this is a question about the spec.
 
-    >>> [is_embedded_checkpoint(c) for c in ("embedded:qwen2.5-coder-1.5b", "embedded", "ckpt-7", "fixed:0")]
-    [True, True, False, False]
+    >>> [is_embedded_checkpoint(c) for c in ("embedded:qwen2.5-coder-1.5b", "embedded", "ckpt-7", "fixed:0",
+    ...                                      "menu:fixed:0,chain:0:1")]
+    [True, True, False, False, True]
     """
-    return head_of(checkpoint_id) == "embedded"
+    return head_of(checkpoint_id) in ("embedded", "menu")
 
 
 def is_single_worker(label: str) -> bool:

@@ -253,11 +253,15 @@ def strategy_pool(spec: ConductorSpec | Sequence[ConductorSpec], pool: Pool) -> 
     ['simulated', 'simulated', 'agree', 'vote']
     >>> [w.provider for w in strategy_pool(parse_conductor_spec("cascade:0+1:0"), p).workers]
     ['simulated', 'simulated', 'agree']
+    >>> [w.provider for w in strategy_pool(parse_conductor_spec("menu:fixed:1,vote:0+1"), p).workers]
+    ['simulated', 'simulated', 'vote']
     """
+    from conductor.policy.spec import MenuSpec
     from conductor.workers.pool import Worker
 
     specs = list(spec) if isinstance(spec, Sequence) else [spec]
-    typed = [strategy_spec(s) for s in specs]
+    # a menu runs its entries' workflows: their tool workers too
+    typed = [t for s in specs for t in (s.entries if isinstance(s, MenuSpec) else (strategy_spec(s),))]
     own = [w for w in pool.workers if w.provider not in ("vote", "agree")]
     gates = [w for w in pool.workers if w.provider == "agree"]
     votes = [w for w in pool.workers if w.provider == "vote"]
@@ -278,6 +282,10 @@ def steps_needed(spec: ConductorSpec) -> int:
     >>> [steps_needed(parse_conductor_spec(s)) for s in ("sc:0:5", "moa:0+1+2:0", "random:1:4", "fixed:2")]
     [6, 4, 4, 1]
     """
+    from conductor.policy.spec import MenuSpec
+
+    if isinstance(spec, MenuSpec):
+        return spec.steps_needed
     typed = strategy_spec(spec)
     return 1 if typed is None else typed.steps_needed
 

@@ -185,7 +185,8 @@ class AnswerSettings(RunConfig):
         "Conductor policy: auto (the champion if one was promoted, else embedded), embedded, "
         "transformers:DIR[#FILE.gguf], llamacpp:FILE.gguf, vllm:MODEL, openai:MODEL@URL, or champion (the "
         "registry's); or a baseline strategy (docs/strategies.md): fixed:I, sc:I:K, moa:P1+P2+...:AGG, "
-        "vote:P1+P2+..., random[:SEED[:MAX_STEPS]]."))
+        "vote:P1+P2+..., pot:I, chain:I:R, cascade:A+B+...:J, random[:SEED[:MAX_STEPS]]; or menu:E1,E2,... (the "
+        "embedded model picks one of these fixed workflows per question; docs/default-conductor.md)."))
     limit: int | None = Field(None, ge=1, description="Answer only the first N questions.")
     shard_size: int = Field(5, ge=1, description="Questions per shard (the unit of resume).")
     seed: int = Field(0, description="Seed of the sub-pool draws and the conductor's sampling.")

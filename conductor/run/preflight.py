@@ -265,6 +265,8 @@ def check_conductor(spec: ConductorSpec, manifest: Pool, max_steps: int, flag: s
         AutoSpec,
         ChampionSpec,
         ConductorSpecError,
+        EmbeddedSpec,
+        MenuSpec,
         StrategyBase,
     )
     from conductor.policy.strategies import check_strategy
@@ -274,6 +276,10 @@ def check_conductor(spec: ConductorSpec, manifest: Pool, max_steps: int, flag: s
         match spec:
             case StrategyBase():
                 check_strategy(spec, manifest, max_steps)
+            case MenuSpec(entries=entries):
+                for entry in entries:
+                    check_strategy(entry, manifest, max_steps)
+                check_spec(EmbeddedSpec())
             case AutoSpec() | ChampionSpec():
                 _check_champion(spec)
             case _:

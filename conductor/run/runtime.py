@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from conductor.execution.executor import Executor
     from conductor.execution.shared_limits import LimitsSpec
     from conductor.generation import PolicyBackend
-    from conductor.policy.spec import AutoSpec, ChampionSpec, ConductorSpec
+    from conductor.policy.spec import AutoSpec, ChampionSpec, ConductorSpec, MenuSpec
     from conductor.workers.pool import Pool
 
 EMBEDDED_CONDUCTOR_MODEL = "qwen2.5-coder-1.5b-instruct"
@@ -84,11 +84,18 @@ def conductor_policy(spec: ConductorSpec, in_process: bool = False,
         AutoSpec,
         ChampionSpec,
         EmbeddedSpec,
+        MenuSpec,
+        PolicySpecError,
         StrategyBase,
         TransformersSpec,
     )
 
     match spec:
+        case MenuSpec():
+            if pool is None or not in_process:
+                raise PolicySpecError(f"conductor spec {str(spec)!r}: a menu is chosen by the embedded model on "
+                                      "llama.cpp (install the 'local' extra) and needs the pool it runs over")
+            return menu_conductor(spec, pool), str(spec)
         case StrategyBase():
             from conductor.policy.strategies import StrategyError, make_strategy, strategy_pool
 
@@ -134,7 +141,7 @@ def embedded_speculate() -> int:
     return int(raw)
 
 
-def embedded_conductor() -> PolicyBackend:
+def embedded_conductor(prefill: str = "") -> PolicyBackend:
     """The embedded conductor model in this process (llama-cpp-python), with saved prompt-prefix states.
 
     WHY in process and not a server of its own: llama_cpp.server keeps only the previous prompt's KV cache,
@@ -148,6 +155,7 @@ def embedded_conductor() -> PolicyBackend:
     Greedy generations are speculated by prompt lookup (``embedded_speculate()`` draft tokens, verified in one
     batched evaluation: the greedy tokens up to floating-point noise, in fewer decode steps).
     ``$CONDUCTOR_PREFIX_CACHE``: another directory for the saved prefixes, or ``off`` (memory only).
+    ``prefill``: the text its every turn starts with (a menu's: ``menu_conductor``).
     """
     from conductor.local.embedded import conductor_home, ensure_models, spec_for
     from conductor.local.prefix_cache import PrefixCache
@@ -158,7 +166,21 @@ def embedded_conductor() -> PolicyBackend:
     where = os.environ.get(PREFIX_CACHE_ENV, "").strip()
     cache = PrefixCache(None) if where == "off" else PrefixCache.for_model(where or conductor_home() / "prefix-cache", path)
     return LlamaCppBackend(path, n_ctx=spec.n_ctx, n_threads=default_threads(), prefix_cache=cache,
-                           speculate=embedded_speculate())
+                           speculate=embedded_speculate(), prefill=prefill)
+
+
+def menu_conductor(spec: MenuSpec, pool: Pool) -> PolicyBackend:
+    """The embedded conductor choosing one of ``spec``'s workflows per question (conductor/policy/menu.py): in its
+    own format where the entries' ``model_id`` lines differ (``native_choice``: the turn starts with their shared
+    part, a grammar lets it finish the line only as one entry does), else by index with the menu described.
+    The chosen entry's workflow is what runs. The decision is the question's prefill and a few decoded tokens, in
+    place of ~70 tokens of a written workflow (docs/default-conductor.md)."""
+    from conductor.policy.menu import MenuBackend, WorkflowMenu
+
+    menu = WorkflowMenu.parse([str(e) for e in spec.entries], pool)
+    choice = menu.native_choice() or menu.index_choice(described=True)
+    inner = LoadOnUse(lambda: embedded_conductor(prefill=choice.prefill), name=str(spec))
+    return MenuBackend(inner, menu, choice=choice)
 
 
 class LoadOnUse:
