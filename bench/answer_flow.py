@@ -30,6 +30,7 @@ thread count there too, and ``busy_fair_ratio`` is the busy conductor over the f
     python bench/answer_flow.py --busy                                    # and again with one core busy
     python bench/answer_flow.py --questions gsm8k_test:2,mmlu_stem:2      # a quick look
     python bench/answer_flow.py --quick                                   # a smoke run: 1+1 questions, shows the line
+    python bench/answer_flow.py --conductor menu:fixed:0,chain:0:1 --conductor-threads 2   # another conductor
 
 Last line: ``conductor_s_per_question=<x> single_s_per_question=<y> ratio=<x/y> floor_ratio=<f>
 cold_questions_per_min=<c> warm_questions_per_min=<w> warm_speedup=<w/c> conductor_accuracy=<a>
@@ -189,6 +190,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-steps", type=int, default=3)
     ap.add_argument("--shard-size", type=int, default=5)
     ap.add_argument("--keep", default=None, help="keep the run directories in this new directory (default: a temp dir, removed)")
+    ap.add_argument("--conductor-threads", type=int, default=None,
+                    help="$CONDUCTOR_LOCAL_THREADS for the conductor's runs (the worker servers' threads; default: "
+                         "the product's default, all cores but one)")
     ap.add_argument("--busy", action="store_true", help="also run the conductor and the 1.5B alone with one core kept busy")
     ap.add_argument("--quick", action="store_true", help="a smoke run on gsm8k_test:1,mmlu_stem:1 (shows the last line; "
                     "two questions are no measurement)")
@@ -212,10 +216,11 @@ def main(argv: list[str] | None = None) -> None:
             prefill_rate, decode_rate = llama_rates(os.cpu_count() or 1)
         print(f"[rates]  1.5B llama.cpp here: prefill {prefill_rate:.1f} tok/s, decode {decode_rate:.1f} tok/s", flush=True)
         prefixes = work / "prefix-cache"      # empty: the first run on a machine saves the conductor's prefixes
-        first_s, first = _answer(a.questions, work / "first", "bench-first", extra, prefixes=prefixes)
+        ct = a.conductor_threads
+        first_s, first = _answer(a.questions, work / "first", "bench-first", extra, prefixes=prefixes, threads=ct)
         print(f"[conductor first run] {first['questions']} questions in {first_s:.1f}s  (no saved prompt prefixes "
               f"yet) accuracy={first['accuracy']}", flush=True)
-        cold_s, cold = _answer(a.questions, work / "cold", "bench-cold", extra, prefixes=prefixes)
+        cold_s, cold = _answer(a.questions, work / "cold", "bench-cold", extra, prefixes=prefixes, threads=ct)
         n = cold["questions"]
         print(f"[conductor cold] {n} questions in {cold_s:.1f}s  calls/q={cold['calls_per_question']:.2f} "
               f"accuracy={cold['accuracy']} parse_failures={cold['parse_failures']}", flush=True)
@@ -223,10 +228,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[single cold]    {single['questions']} questions in {single_s:.1f}s  accuracy={single['accuracy']}", flush=True)
         best_spq, best_threads = best_single(a, work, common, single_s / max(1, single["questions"]))
         warm_s, warm = _answer(a.questions, work / "warm", "bench-warm", extra, cache=work / "cold" / "cache.sqlite",
-                               prefixes=prefixes)
+                               prefixes=prefixes, threads=ct)
         print(f"[warm]           {warm['questions']} questions in {warm_s:.1f}s  worker cache hits {warm['cache_hits']} "
               f"accuracy={warm['accuracy']}", flush=True)
-        resume_s, resumed = _answer(a.questions, work / "cold", "bench-cold", extra, prefixes=prefixes)
+        resume_s, resumed = _answer(a.questions, work / "cold", "bench-cold", extra, prefixes=prefixes, threads=ct)
         if resumed["trajectories"] != cold["trajectories"]:
             raise SystemExit(f"answer_flow: resume changed the row count {cold['trajectories']} -> {resumed['trajectories']}")
         print(f"[resume]         same command again: {resume_s:.1f}s, rows unchanged ({resumed['trajectories']})", flush=True)

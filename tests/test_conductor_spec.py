@@ -342,5 +342,9 @@ def test_a_menu_is_checked_entry_by_entry_against_the_pool_before_anything_start
         check_conductor(parse_conductor_spec("menu:fixed:0,cascade:0+pot-0:0"), pool, 3)
     with pytest.raises(UsageError, match=r"--conductor: strategy 'fixed:7'.*"):
         check_conductor(parse_conductor_spec("menu:fixed:0,fixed:7"), pool, 3)
+    from conductor.run.preflight import check_k
+
+    with pytest.raises(UsageError, match=re.escape("--k 2: a menu 'menu:fixed:0' runs over the whole pool; drop --k")):
+        check_k(2, pool, parse_conductor_spec("menu:fixed:0"))
     assert is_embedded_checkpoint("menu:fixed:0,chain:0:1")
     assert FewShotSpec(policy="auto").resolved(is_embedded_checkpoint("menu:fixed:0")).policy == "informed"

@@ -252,8 +252,11 @@ def check_k(k: int | None, manifest: Pool, conductor: ConductorSpec) -> None:
     n = len(manifest.workers)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n:
         raise UsageError(f"--k {k}: must be between 1 and the pool's {n} workers")
-    if is_strategy(conductor):
-        raise UsageError(f"--k {k}: strategy {str(conductor)!r} runs over the whole pool; drop --k")
+    from conductor.policy.spec import MenuSpec
+
+    if is_strategy(conductor) or isinstance(conductor, MenuSpec):   # their workflows name the whole pool's ordinals
+        raise UsageError(f"--k {k}: {'a menu' if isinstance(conductor, MenuSpec) else 'strategy'} "
+                         f"{str(conductor)!r} runs over the whole pool; drop --k")
 
 
 def check_conductor(spec: ConductorSpec, manifest: Pool, max_steps: int, flag: str = "--conductor") -> str:

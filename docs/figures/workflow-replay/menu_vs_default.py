@@ -56,13 +56,19 @@ def main(run: str, state_path: str) -> None:
     # the chosen entry's recorded outcome must be what the menu run graded (its calls were all cache hits)
     agree = sum(menu[q].correct == (chain if steps[q] > 1 else fixed)[q].correct for q in qs_all)
     print(f"menu run {run}: {len(qs_all)} test questions; chosen entry's recorded grade reproduced on {agree}")
+    # the chosen entry's recorded seconds: the menu's workflows without its decision
+    work = {q: (chain if steps[q] > 1 else fixed)[q] for q in qs_all}
     for prefix in ("", "gsm8k", "mmlu"):
         qs = [q for q in qs_all if q.startswith(prefix)]
         if not qs:
             continue
         share = sum(steps[q] > 1 for q in qs) / len(qs)
         dec = sum(decision[q] for q in qs) / len(qs)
-        print(f"{prefix or 'all':6s} chain chosen {share:.0%}  decision {dec:.1f} s/question as measured in the run")
+        w = sum(work[q].seconds for q in qs) / sum(fixed[q].seconds for q in qs)
+        d = sum(default[q].seconds for q in qs) / sum(fixed[q].seconds for q in qs)
+        print(f"{prefix or 'all':6s} chain chosen {share:.0%}  decision {dec:.1f} s/question as measured in the run; "
+              f"recorded seconds over the 1.5B alone's: the menu's workflows {w:.2f}x, the default {d:.2f}x "
+              f"(its own decision included)")
         print(line(prefix or "all", menu, fixed, qs, "1.5B alone"))
         print(line(prefix or "all", menu, default, qs, "default"))
 
