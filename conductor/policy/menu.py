@@ -19,6 +19,10 @@ The menu is written as strategy specs (``fixed:i``, ``sc:i:k``, ``moa:p+q:agg``,
 so each entry is also a baseline that runs on its own (``conductor run --conductor sc:0:3``) and the menu's best
 entry per domain is a ceiling a bench can measure beside the trained conductor. At most ten entries: the
 indices must be single tokens (``0``..``9`` in SmolLM2's and Qwen2.5's vocabularies).
+
+An untrained model is asked differently (``MenuChoice``; ``--conductor menu:E1,E2,...`` on llama.cpp): in its own
+workflow format, where the entries' ``model_id`` lines differ (``WorkflowMenu.native_choice``), since asked for an
+index the untrained 1.5B showed only position bias (docs/default-conductor.md, "The menu conductor").
 """
 
 from __future__ import annotations
