@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from conductor.generation import Generation, GenerationParams, PolicyBackend
 from conductor.policy.spec import (
+    MAX_MENU_ENTRIES,
     STRATEGY_FORMS,
     ConductorSpecError,
     StrategyError,
@@ -45,6 +46,7 @@ from conductor.policy.spec import (
 from conductor.workflow import Step, Workflow
 
 if TYPE_CHECKING:
+    from conductor.policy.spec import ConductorSpec, MenuSpec
     from conductor.trajectory import Trajectory
     from conductor.workers.pool import Pool
 
@@ -53,7 +55,7 @@ if TYPE_CHECKING:
 # measured for routing meaningful here).
 MENU_PREFILL = "# Workflow shape, by its number: a worker alone, attempts and a vote, or answers and a reviewer.\nshape = ["
 MENU_CHOICE = "# The best workflow for this question, by its number:\nshape = ["   # ends as MENU_PREFILL does
-MAX_ENTRIES = 10
+MAX_ENTRIES = MAX_MENU_ENTRIES
 _INDEX_RE = re.compile(r"shape = \[\s*(\d+)\s*\]?\s*$")
 
 
@@ -107,9 +109,6 @@ class WorkflowMenu:
         ...
         conductor.policy.spec.StrategyError: menu entry 2 'random': not a fixed workflow (fixed, sc, moa or vote)
         """
-        from conductor.policy.fixed import FixedWorkflowPolicy
-        from conductor.policy.strategies import make_strategy, strategy_pool
-
         names = [s.strip() for s in (specs.split(",") if isinstance(specs, str) else specs)]
         if not 1 <= len(names) <= MAX_ENTRIES:
             raise StrategyError(f"menu: {len(names)} entries; 1 to {MAX_ENTRIES} (single-token indices)")
@@ -121,6 +120,18 @@ class WorkflowMenu:
                 typed.append(parse_conductor_spec(s))
             except ConductorSpecError as e:
                 raise StrategyError(f"menu entry {i} {s!r}: {e}") from None
+        return cls._built(names, typed, pool)
+
+    @classmethod
+    def of(cls, spec: MenuSpec, pool: Pool) -> WorkflowMenu:
+        """The menu of a parsed ``menu:`` conductor spec over ``pool`` (its entries are typed already)."""
+        return cls._built([str(e) for e in spec.entries], list(spec.entries), pool)
+
+    @classmethod
+    def _built(cls, names: Sequence[str], typed: Sequence[ConductorSpec], pool: Pool) -> WorkflowMenu:
+        from conductor.policy.fixed import FixedWorkflowPolicy
+        from conductor.policy.strategies import make_strategy, strategy_pool
+
         # the tool workers every entry needs, after the pool's own (their ordinals as for each alone)
         pool = strategy_pool(typed, pool)
         entries = []

@@ -177,7 +177,7 @@ def menu_conductor(spec: MenuSpec, pool: Pool) -> PolicyBackend:
     place of ~70 tokens of a written workflow (docs/default-conductor.md)."""
     from conductor.policy.menu import MenuBackend, WorkflowMenu
 
-    menu = WorkflowMenu.parse([str(e) for e in spec.entries], pool)
+    menu = WorkflowMenu.of(spec, pool)
     choice = menu.native_choice() or menu.index_choice(described=True)
     inner = LoadOnUse(lambda: embedded_conductor(prefill=choice.prefill), name=str(spec))
     return MenuBackend(inner, menu, choice=choice)
