@@ -9,7 +9,8 @@ everything a user waits for. In one invocation, on the same questions:
 - conductor cold: the same, except that the first run's saved prompt prefixes are there (as on every later
   run: conductor/local/prefix_cache.py);
 - single cold: `--conductor fixed:0` (Qwen2.5-Coder-1.5B answers alone: the best local worker), fresh cache,
-  its server on the default threads (all cores but one, the setting the conductor's run uses);
+  on the product's default threads for it (a fixed strategy runs the serial layout: every core;
+  conductor/local/layout.py);
 - single best: the same at every other thread count (``$CONDUCTOR_LOCAL_THREADS`` = 1 .. cores), fresh cache each:
   the single worker as a user would run it alone, at its fastest setting on these cores; the fastest of all
   single runs is the fair baseline (``best_single_s_per_question``, ``fair_ratio``);
@@ -156,9 +157,10 @@ def _prefills(prompts: list[list[int]], saved: list[list[int]]) -> list[int]:
 def best_single(a: argparse.Namespace, work: Path, common: list[str], default_s: float, tag: str = "") -> tuple[float, int]:
     """The 1.5B alone at every thread count other than the default one (measured already: ``default_s``), each
     with a fresh cache; (fastest seconds per question, its threads)."""
-    from conductor.local.process import default_threads
+    from conductor.policy.spec import parse_conductor_spec
+    from conductor.run.runtime import layout_for
 
-    n_default = default_threads()
+    n_default = layout_for(parse_conductor_spec("fixed:0")).threads   # the single cold run's
     best = (default_s, n_default)
     for threads in range(1, (os.cpu_count() or 1) + 1):
         if threads == n_default:
@@ -192,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--keep", default=None, help="keep the run directories in this new directory (default: a temp dir, removed)")
     ap.add_argument("--conductor-threads", type=int, default=None,
                     help="$CONDUCTOR_LOCAL_THREADS for the conductor's runs (the worker servers' threads; default: "
-                         "the product's default, all cores but one)")
+                         "the product's default for that conductor: conductor/local/layout.py)")
     ap.add_argument("--busy", action="store_true", help="also run the conductor and the 1.5B alone with one core kept busy")
     ap.add_argument("--quick", action="store_true", help="a smoke run on gsm8k_test:1,mmlu_stem:1 (shows the last line; "
                     "two questions are no measurement)")

@@ -17,6 +17,10 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The suite runs two test files at a time on two cores (xdist): an engine per test on one thread keeps their
+# spinning llama.cpp threads from slowing each other (a run's own layout gives all cores to a serial one:
+# conductor/local/layout.py; tests that check the thread count set or clear this themselves).
+os.environ.setdefault("CONDUCTOR_LOCAL_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

@@ -348,3 +348,26 @@ def test_a_menu_is_checked_entry_by_entry_against_the_pool_before_anything_start
         check_k(2, pool, parse_conductor_spec("menu:fixed:0"))
     assert is_embedded_checkpoint("menu:fixed:0,chain:0:1")
     assert FewShotSpec(policy="auto").resolved(is_embedded_checkpoint("menu:fixed:0")).policy == "informed"
+
+
+def test_auto_without_a_champion_is_the_default_menu_over_the_embedded_pool_and_writes_elsewhere(tmp_path,
+                                                                                                monkeypatch):
+    """Before any champion, ``auto`` over the embedded pool is the untrained 1.5B choosing between its own two
+    workflows (reasoner alone, reasoner -> python -> reporter); over a pool without an embedded reasoner or a
+    python tool, and without llama.cpp in process, the writing conductor; the preflight's checkpoint id says the
+    same as what the run will load."""
+    from conductor.policy.spec import AutoSpec, EmbeddedSpec
+    from conductor.run.preflight import check_conductor
+    from conductor.run.runtime import EMBEDDED_CHECKPOINT, effective_spec
+    from conductor.workers.pool import load_pool
+
+    monkeypatch.setenv("CONDUCTOR_REGISTRY", str(tmp_path / "no-registry"))
+    local, simulated = load_pool(ROOT / "data/pools/local.yaml"), load_pool(ROOT / "data/pools/simulated.yaml")
+    assert str(effective_spec(AutoSpec(), local, in_process=True)) == "menu:fixed:0,chain:0:1"
+    assert effective_spec(AutoSpec(), local, in_process=False) == EmbeddedSpec()
+    assert effective_spec(AutoSpec(), simulated, in_process=True) == EmbeddedSpec()
+    assert effective_spec(parse_conductor_spec("fixed:1"), local, in_process=True) == parse_conductor_spec("fixed:1")
+    assert check_conductor(AutoSpec(), simulated, 3) == EMBEDDED_CHECKPOINT
+    monkeypatch.setenv("CONDUCTOR_EMBEDDED_SERVER", "llamacpp")
+    pytest.importorskip("llama_cpp")
+    assert check_conductor(AutoSpec(), local, 3) == "menu:fixed:0,chain:0:1"

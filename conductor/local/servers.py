@@ -102,8 +102,10 @@ class EmbeddedServers:
     """
 
     def __init__(self, settings: ServerSettings | None = None, data_dir: str | Path | None = None,
-                 per_model: dict[str, ServerSettings] | None = None, kind: str | None = None):
+                 per_model: dict[str, ServerSettings] | None = None, kind: str | None = None,
+                 threads: int | None = None):
         self.settings = settings
+        self.threads = threads     # every server's threads without settings of its own (conductor/local/layout.py)
         self.data_dir = data_dir
         self.per_model = dict(per_model or {})
         self.requested_kind = kind
@@ -138,7 +140,7 @@ class EmbeddedServers:
         key = alias or spec.name
         server = self.servers.get(key)
         if server is None or server.process is None or server.process.poll() is not None:
-            settings = settings or self.per_model.get(key) or self.settings or ServerSettings(n_ctx=spec.n_ctx)
+            settings = settings or self.per_model.get(key) or self.settings or ServerSettings(n_ctx=spec.n_ctx, n_threads=self.threads)
             path = model_path(spec.name, self.data_dir)
             server = self.server_class(path, alias=key, settings=settings).start()
             self.servers[key] = server
@@ -161,7 +163,7 @@ class EmbeddedServers:
         key = alias or spec.name
         server = self.servers.get(key)
         if server is None:
-            settings = settings or self.per_model.get(key) or self.settings or ServerSettings(n_ctx=spec.n_ctx)
+            settings = settings or self.per_model.get(key) or self.settings or ServerSettings(n_ctx=spec.n_ctx, n_threads=self.threads)
             server = self.server_class(model_path(spec.name, self.data_dir), alias=key, settings=settings,
                                        port=free_port())
             self.servers[key] = server
@@ -221,14 +223,15 @@ def embedded_models(pool: Pool) -> list[str]:
 
 
 def resolve_embedded(pool: Pool, servers: EmbeddedServers | None = None,
-                     lazy: bool = False) -> tuple[Pool, EmbeddedServers]:
+                     lazy: bool = False, share: str | None = None) -> tuple[Pool, EmbeddedServers]:
     """Start servers for every ``embedded://`` worker and return (pool with real URLs, servers).
 
     Compute ``pool.fingerprint`` (and any cache keys) from the manifest pool, before
     resolution: the resolved URLs carry a port that changes from run to run.
     With ``lazy`` the servers are only reserved (``EmbeddedServers.reserve``): the ``local`` provider
     starts each one before its first request. Use the returned ``EmbeddedServers`` as a context manager to
-    stop them. Each worker
+    stop them. ``share``: the embedded workers hold one concurrency slot of that name between them (the serial
+    layout, conductor/local/layout.py). Each worker
     is adapted to its server (``ServerProcess.adapt``): the transformers server only
     answers requests naming its model, so a worker's ``model`` becomes the server's.
     """
@@ -245,6 +248,9 @@ def resolve_embedded(pool: Pool, servers: EmbeddedServers | None = None,
         if name is not None:
             options = {**w.options, MANIFEST_URL_OPTION: w.base_url}
             url = servers.reserve(name) if lazy else servers.url(name)
-            w = w.model_copy(update={"base_url": url, "options": options})
+            update: dict[str, object] = {"base_url": url, "options": options}
+            if share is not None:
+                update["limits"] = w.limits.model_copy(update={"share": share, "max_concurrency": 1})
+            w = w.model_copy(update=update)
         workers.append(w)
     return pool.model_copy(update={"workers": tuple(workers)}), servers

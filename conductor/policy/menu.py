@@ -32,7 +32,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from conductor.generation import Generation, GenerationParams, PolicyBackend
 from conductor.policy.spec import (
@@ -267,6 +267,10 @@ class MenuBackend:
     ``inner`` (the transformers path the trainer uses).
     """
 
+    # its decision is a few tokens; written beside the workers on the same cores, it would slow them
+    # (conductor/run/overlap.py: overlaps_execution; conductor/local/layout.py)
+    overlaps_execution: ClassVar[bool] = False
+
     def __init__(self, inner: PolicyBackend, menu: WorkflowMenu, *, choice: MenuChoice | None = None):
         self.inner = inner
         self.menu = menu
@@ -294,3 +298,33 @@ class MenuBackend:
 
     def close(self) -> None:
         self.inner.close()
+
+
+def default_menu(pool: Pool) -> MenuSpec | None:
+    """What ``auto`` runs over ``pool`` before a champion exists (conductor/run/runtime.py: ``effective_spec``):
+    the untrained embedded model choosing between the two workflows it writes itself when it writes well, the
+    reasoner alone and the reasoner's calculation run by python and stated by the reporter (``menu:fixed:R,
+    chain:R:P``; roles from ``conductor.prompts.role_ordinals``). None without a python tool (no calculation to
+    run) or where the reasoner is not an embedded model (where it was measured; a pool of API models gets the
+    writing conductor, which adapts to any pool). On 85 held-out questions this menu scored 0.529 against the
+    writing conductor's 0.435 (+9.4 +- 4.0 paired) at 1.28x the 1.5B alone's worker seconds against 1.75x
+    (docs/default-conductor.md, "The menu conductor").
+
+    >>> from conductor.resources import data_path
+    >>> from conductor.workers.pool import load_pool
+    >>> str(default_menu(load_pool(str(data_path("pools", "local.yaml")))))
+    'menu:fixed:0,chain:0:1'
+    >>> from conductor.workers.pool import Pool
+    >>> default_menu(Pool.model_validate({"pool_id": "p", "workers": [{"name": "a", "provider": "simulated",
+    ...                                                                "model": "a"}]})) is None
+    True
+    """
+    from conductor.local.servers import embedded_name
+    from conductor.policy.spec import ChainSpec, FixedSpec, MenuSpec
+    from conductor.prompts import role_ordinals
+
+    roles = role_ordinals(pool.full())
+    if "python" not in roles or "reasoner" not in roles or embedded_name(pool.workers[roles["reasoner"]].base_url) is None:
+        return None
+    reasoner = roles["reasoner"]
+    return MenuSpec(entries=(FixedSpec(worker=reasoner), ChainSpec(worker=reasoner, reporter=roles["reporter"])))

@@ -110,7 +110,9 @@ class _Spec(BaseModel):
 
 
 class AutoSpec(_Spec):
-    """``auto``: the registry's champion when one was promoted, else the embedded conductor."""
+    """``auto``: the registry's champion when one was promoted, else the embedded conductor: over a pool of
+    embedded models with a python tool it chooses from a menu (conductor.policy.menu: ``default_menu``), else it
+    writes the workflow."""
 
     kind: Literal["auto"] = "auto"
 

@@ -99,10 +99,31 @@ def generation_batch(policy: Any) -> int | None:
     >>> generation_batch(Wrapper(Serialized(Endpoint()))), generation_batch(Wrapper(object()))
     (1, None)
     """
+    value = _looked_through(policy, "generation_batch")
+    return value if isinstance(value, int) else None
+
+
+def overlaps_execution(policy: Any) -> bool:
+    """Whether ``policy`` writes the next piece while the workers execute this one (the default), or only between
+    executions: a menu's decision is a few tokens on every core, and beside workers on the same cores its spinning
+    threads and theirs would slow each other several-fold (conductor/local/layout.py, the serial layout). A policy
+    says so with an ``overlaps_execution`` attribute, looked for as ``generation_batch`` is.
+
+    >>> class Menu:
+    ...     overlaps_execution = False
+    >>> overlaps_execution(Serialized(Menu())), overlaps_execution(object())
+    (False, True)
+    """
+    value = _looked_through(policy, "overlaps_execution")
+    return value if isinstance(value, bool) else True
+
+
+def _looked_through(policy: Any, name: str) -> object:
+    """The first ``name`` attribute along ``policy``'s ``.inner`` chain (wrappers), or None."""
     seen = 0
     while policy is not None and seen < 16:
-        value = getattr(policy, "generation_batch", None)
-        if isinstance(value, int):
+        value = getattr(policy, name, None)
+        if value is not None:
             return value
         policy, seen = getattr(policy, "inner", None), seen + 1
     return None

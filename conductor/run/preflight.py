@@ -287,7 +287,7 @@ def check_conductor(spec: ConductorSpec, manifest: Pool, max_steps: int, flag: s
                 _check_champion(spec)
             case _:
                 check_spec(spec)
-        return checkpoint_of(spec)
+        return checkpoint_of(spec, manifest)
     except (ConductorSpecError, RegistryError, OSError) as e:
         raise UsageError(f"{flag}: {first_line(e)}") from None
 

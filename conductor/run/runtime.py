@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from conductor.execution.executor import Executor
     from conductor.execution.shared_limits import LimitsSpec
     from conductor.generation import PolicyBackend
+    from conductor.local.layout import LocalLayout
     from conductor.policy.spec import AutoSpec, ChampionSpec, ConductorSpec, MenuSpec
     from conductor.workers.pool import Pool
 
@@ -70,14 +71,15 @@ def registry_uri() -> str:
 
 
 def conductor_policy(spec: ConductorSpec, in_process: bool = False,
-                     pool: Pool | None = None) -> tuple[PolicyBackend, str]:
+                     pool: Pool | None = None, threads: int | None = None) -> tuple[PolicyBackend, str]:
     """(policy, checkpoint id) for a conductor spec.
 
     ``auto`` is the registry's champion when one has been promoted, else ``embedded`` (the 1.5B model,
     few-shot prompted; with ``in_process``, llama.cpp in this process with saved prompt prefixes, loaded on
     first use: ``embedded_conductor``). ``champion[@URI]``
     requires a champion. The baseline strategies (``fixed:i``, ``sc:i:k``, ``moa:...``, ``random``;
-    conductor.policy.strategies) write their workflows without a model and need the ``pool``.
+    conductor.policy.strategies) write their workflows without a model and need the ``pool``. ``threads``: a
+    menu's in-process model's (the run's layout: conductor/local/layout.py).
     """
     from conductor.policy import make_policy
     from conductor.policy.spec import (
@@ -90,12 +92,13 @@ def conductor_policy(spec: ConductorSpec, in_process: bool = False,
         TransformersSpec,
     )
 
+    spec = effective_spec(spec, pool, in_process)
     match spec:
         case MenuSpec():
             if pool is None or not in_process:
                 raise PolicySpecError(f"conductor spec {str(spec)!r}: a menu is chosen by the embedded model on "
                                       "llama.cpp (install the 'local' extra) and needs the pool it runs over")
-            return menu_conductor(spec, pool), str(spec)
+            return menu_conductor(spec, pool, threads), str(spec)
         case StrategyBase():
             from conductor.policy.strategies import StrategyError, make_strategy, strategy_pool
 
@@ -141,7 +144,7 @@ def embedded_speculate() -> int:
     return int(raw)
 
 
-def embedded_conductor(prefill: str = "") -> PolicyBackend:
+def embedded_conductor(prefill: str = "", threads: int | None = None) -> PolicyBackend:
     """The embedded conductor model in this process (llama-cpp-python), with saved prompt-prefix states.
 
     WHY in process and not a server of its own: llama_cpp.server keeps only the previous prompt's KV cache,
@@ -155,7 +158,8 @@ def embedded_conductor(prefill: str = "") -> PolicyBackend:
     Greedy generations are speculated by prompt lookup (``embedded_speculate()`` draft tokens, verified in one
     batched evaluation: the greedy tokens up to floating-point noise, in fewer decode steps).
     ``$CONDUCTOR_PREFIX_CACHE``: another directory for the saved prefixes, or ``off`` (memory only).
-    ``prefill``: the text its every turn starts with (a menu's: ``menu_conductor``).
+    ``prefill``: the text its every turn starts with (a menu's: ``menu_conductor``). ``threads``: the run's layout's
+    (conductor/local/layout.py; None: all cores but one).
     """
     from conductor.local.embedded import conductor_home, ensure_models, spec_for
     from conductor.local.prefix_cache import PrefixCache
@@ -165,21 +169,43 @@ def embedded_conductor(prefill: str = "") -> PolicyBackend:
     path = ensure_models(which=[spec.name])[spec.name]
     where = os.environ.get(PREFIX_CACHE_ENV, "").strip()
     cache = PrefixCache(None) if where == "off" else PrefixCache.for_model(where or conductor_home() / "prefix-cache", path)
-    return LlamaCppBackend(path, n_ctx=spec.n_ctx, n_threads=default_threads(), prefix_cache=cache,
+    return LlamaCppBackend(path, n_ctx=spec.n_ctx, n_threads=threads or default_threads(), prefix_cache=cache,
                            speculate=embedded_speculate(), prefill=prefill)
 
 
-def menu_conductor(spec: MenuSpec, pool: Pool) -> PolicyBackend:
+def layout_for(spec: ConductorSpec) -> LocalLayout:
+    """How the run's embedded engines share the cores (conductor/local/layout.py): serial for a conductor that
+    writes (almost) nothing, a menu or a fixed strategy; parallel for one that writes workflows."""
+    from conductor.local.layout import LocalLayout
+    from conductor.policy.spec import MenuSpec, StrategyBase
+
+    return LocalLayout.serial_on() if isinstance(spec, MenuSpec | StrategyBase) else LocalLayout.parallel()
+
+
+def effective_spec(spec: ConductorSpec, pool: Pool | None, in_process: bool) -> ConductorSpec:
+    """The conductor a run runs for ``spec``: ``auto`` without a champion is the pool's default menu
+    (conductor.policy.menu: ``default_menu``) where the embedded model runs in this process (llama.cpp), else the
+    writing conductor (``embedded``); ``auto`` with a champion, and every other spec, is itself."""
+    from conductor.policy.menu import default_menu
+    from conductor.policy.spec import AutoSpec, EmbeddedSpec
+
+    if not isinstance(spec, AutoSpec) or _champion(spec)[1] is not None:
+        return spec
+    return (default_menu(pool) if pool is not None and in_process else None) or EmbeddedSpec()
+
+
+def menu_conductor(spec: MenuSpec, pool: Pool, threads: int | None = None) -> PolicyBackend:
     """The embedded conductor choosing one of ``spec``'s workflows per question (conductor/policy/menu.py): in its
     own format where the entries' ``model_id`` lines differ (``native_choice``: the turn starts with their shared
     part, a grammar lets it finish the line only as one entry does), else by index with the menu described.
     The chosen entry's workflow is what runs. The decision is the question's prefill and a few decoded tokens, in
-    place of ~70 tokens of a written workflow (docs/default-conductor.md)."""
+    place of ~70 tokens of a written workflow (docs/default-conductor.md). ``threads``: the run's layout's (serial:
+    every core, as the workers it takes turns with; conductor/local/layout.py)."""
     from conductor.policy.menu import MenuBackend, WorkflowMenu
 
     menu = WorkflowMenu.of(spec, pool)
     choice = menu.native_choice() or menu.index_choice(described=True)
-    inner = LoadOnUse(lambda: embedded_conductor(prefill=choice.prefill), name=str(spec))
+    inner = LoadOnUse(lambda: embedded_conductor(prefill=choice.prefill, threads=threads), name=str(spec))
     return MenuBackend(inner, menu, choice=choice)
 
 
@@ -208,10 +234,14 @@ class LoadOnUse:
         _close(loaded)
 
 
-def checkpoint_of(spec: ConductorSpec) -> str:
-    """The checkpoint a conductor spec stands for right now, without loading anything (run ids use it)."""
+def checkpoint_of(spec: ConductorSpec, pool: Pool | None = None) -> str:
+    """The checkpoint a conductor spec stands for right now, without loading anything (run ids use it); with the
+    ``pool``, ``auto`` without a champion is what ``serving`` will run over it (``effective_spec``)."""
+    from conductor.local.servers import server_kind
     from conductor.policy.spec import AutoSpec, ChampionSpec, EmbeddedSpec
 
+    if pool is not None:
+        spec = effective_spec(spec, pool, server_kind() == "llamacpp")
     match spec:
         case AutoSpec() | ChampionSpec():
             _, entry = _champion(spec)
@@ -243,6 +273,7 @@ def _champion(spec: AutoSpec | ChampionSpec) -> tuple[str, Any]:
 def serving(manifest: Pool, conductor: ConductorSpec | None = None, bind_as_worker: bool = True) -> Iterator[Live]:
     """Start what the run needs (for ``conductor``, default auto); stop all of it on exit, even after an error or
     Ctrl-C."""
+    from conductor.local.layout import SERIAL_SLOT
     from conductor.local.servers import EmbeddedServers, embedded_models, resolve_embedded
     from conductor.policy.spec import AutoSpec
     from conductor.policy.strategies import strategy_pool
@@ -251,12 +282,15 @@ def serving(manifest: Pool, conductor: ConductorSpec | None = None, bind_as_work
     manifest = strategy_pool(conductor, manifest)   # self-consistency brings its own vote worker
     with contextlib.ExitStack() as stack:
         servers = stack.enter_context(EmbeddedServers())
+        conductor = effective_spec(conductor, manifest, servers.kind == "llamacpp")
+        layout = layout_for(conductor)              # how the embedded engines share the cores
+        servers.threads = layout.threads
         pool = manifest
         if embedded_models(manifest):
-            pool, _ = resolve_embedded(manifest, servers, lazy=True)
+            pool, _ = resolve_embedded(manifest, servers, lazy=True, share=SERIAL_SLOT if layout.serial else None)
         # The embedded conductor runs in process: llama.cpp with saved prompt prefixes (embedded_conductor), or
         # else whatever make_policy falls back to (transformers).
-        policy, checkpoint_id = conductor_policy(conductor, servers.kind == "llamacpp", pool)
+        policy, checkpoint_id = conductor_policy(conductor, servers.kind == "llamacpp", pool, layout.threads)
         stack.callback(_close, policy)
         if bind_as_worker and any(w.provider == "conductor" for w in pool.workers):
             from conductor.workers.providers.conductor import bind_conductor, unbind_conductor

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from conductor.execution.loop import shared_loop
 from conductor.run import pipeline
-from conductor.run.overlap import Serialized, generation_batch, interruptible, one_ahead
+from conductor.run.overlap import Serialized, generation_batch, interruptible, one_ahead, overlaps_execution
 
 if TYPE_CHECKING:
     from conductor.data.questions import Question
@@ -215,8 +215,11 @@ class ShardLoop:
 
     def _overlapped(self, todo: Shards) -> None:
         """Generate one piece ahead and execute ``PIPELINE_DEPTH`` pieces at once, on one shared event loop (so
-        one executor's limits hold across them); shards commit in order, each when its last piece is done."""
+        one executor's limits hold across them); shards commit in order, each when its last piece is done. A
+        policy that does not overlap execution (``overlaps_execution``) writes each piece after the last is done."""
         policy = Serialized(self.policy)    # the executing stage may call it too (recursion rounds)
+        overlap = overlaps_execution(self.policy)
+        pieces = self._generated(todo, policy, generation_batch(policy))
         executed: dict[str, list[Trajectory]] = {}
         running: deque[tuple[str, Sequence[Question], Future[list[Trajectory]], bool]] = deque()
 
@@ -229,12 +232,14 @@ class ShardLoop:
 
         with shared_loop(self.executor.aclose) as loop, ThreadPoolExecutor(PIPELINE_DEPTH, "execute") as threads:
             try:
-                for sid, sq, trajs, failed, last in one_ahead(self._generated(todo, policy, generation_batch(policy))):
+                for sid, sq, trajs, failed, last in one_ahead(pieces) if overlap else pieces:
                     if len(running) >= PIPELINE_DEPTH:
                         finish_oldest()
                     stage = (lambda t=trajs: t) if failed else partial(
                         self.stages.execute, trajs, self.spec, self.executor, policy, self.on_done)
                     running.append((sid, sq, threads.submit(contextvars.copy_context().run, stage), last))
+                    if not overlap:
+                        finish_oldest()
             except Exception:   # a conductor error raised while earlier pieces execute still lets their shards commit
                 while running:
                     finish_oldest()

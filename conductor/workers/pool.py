@@ -74,6 +74,9 @@ class Limits(_Strict):
     max_concurrency: int = Field(8, gt=0)
     timeout_s: float = Field(120.0, gt=0)
     max_retries: int = Field(6, ge=0)
+    # Workers naming the same share hold ONE set of limits (one key) instead of one each: the embedded models of
+    # a serial run, which take turns on all the cores (conductor/local/layout.py).
+    share: str | None = Field(None, min_length=1)
 
 
 class SandboxSpec(_Strict):
@@ -166,7 +169,9 @@ class Worker(_Strict):
 
     @property
     def limit_key(self) -> tuple[str, str, str]:
-        """Rate limits apply per (provider, endpoint, model)."""
+        """Rate limits apply per (provider, endpoint, model), or per share for workers that name one."""
+        if self.limits.share is not None:
+            return ("share", self.limits.share, "")
         return (self.provider, self.base_url or "", self.model)
 
 
