@@ -61,8 +61,13 @@ ROOT = Path(__file__).resolve().parent.parent
 BIG = "qwen2.5-coder-1.5b-instruct"
 
 
+class Slower(Exception):
+    """A run stopped at its time limit (``_answer(limit_s=...)``): it could no longer be the fastest."""
+
+
 def _answer(questions: str, out: Path, run_id: str, extra: list[str], cache: Path | None = None,
-            prefixes: Path | None = None, threads: int | None = None) -> tuple[float, dict]:
+            prefixes: Path | None = None, threads: int | None = None,
+            limit_s: float | None = None) -> tuple[float, dict]:
     cmd = [sys.executable, "-m", "conductor.cli", "answer", questions, "--out", str(out), "--run-id", run_id, *extra]
     if cache is not None:
         cmd += ["--cache", str(cache)]
@@ -73,7 +78,10 @@ def _answer(questions: str, out: Path, run_id: str, extra: list[str], cache: Pat
     if threads is not None:
         env["CONDUCTOR_LOCAL_THREADS"] = str(threads)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        raise Slower(f"stopped after {limit_s:.0f} s") from None
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
@@ -121,7 +129,8 @@ def token_budget(lake: Path, run_id: str, seen: Path | None = None, seen_run: st
     from conductor.local.embedded import model_path
 
     tok = Llama(model_path=str(model_path(BIG)), vocab_only=True, verbose=False)
-    trajs = scan(str(lake), "trajectories", run_id=run_id).select("question_id", "prompt", "completion").collect()
+    trajs = scan(str(lake), "trajectories", run_id=run_id).select("question_id", "prompt", "completion",
+                                                                 "completion_token_ids").collect()
     calls = scan(str(lake), "calls", run_id=run_id).select("model", "input_tokens", "output_tokens", "latency_s",
                                                            "cache_hit").collect()
     n = max(1, trajs["question_id"].n_unique())
@@ -131,7 +140,10 @@ def token_budget(lake: Path, run_id: str, seen: Path | None = None, seen_run: st
         _prefills([tok.tokenize((p or "").encode()) for p in seen_prompts], saved)
     ordered = trajs.sort("question_id")
     prefill = sum(_prefills([tok.tokenize((p or "").encode()) for p in ordered["prompt"]], saved))
-    decode = sum(len(tok.tokenize((c or "").encode(), add_bos=False)) for c in ordered["completion"])
+    # the tokens the model decoded: its stored token ids (a menu's are its few choice tokens; its completion text
+    # is the chosen entry's whole workflow), else the completion's tokens
+    decode = sum(len(ids) if ids is not None else len(tok.tokenize((c or "").encode(), add_bos=False))
+                 for c, ids in zip(ordered["completion"], ordered["completion_token_ids"]))
     big = calls.filter(pl.col("model").str.contains("1.5b") & ~pl.col("cache_hit"))
     other = calls.filter(~pl.col("model").str.contains("1.5b") & ~pl.col("cache_hit"))
     return {"conductor_prefill": prefill / n, "conductor_decode": decode / n,
@@ -156,23 +168,42 @@ def _prefills(prompts: list[list[int]], saved: list[list[int]]) -> list[int]:
 
 def best_single(a: argparse.Namespace, work: Path, common: list[str], default_s: float, tag: str = "") -> tuple[float, int]:
     """The 1.5B alone at every thread count other than the default one (measured already: ``default_s``), each
-    with a fresh cache; (fastest seconds per question, its threads)."""
+    with a fresh cache; (fastest seconds per question, its threads). A run still going when the fastest so far
+    had finished is stopped there (it can no longer be the fastest): on a busy core a second spinning thread
+    did not finish one question in 10 minutes, where one thread answered 10 in 394 s (2026-11-30)."""
     from conductor.policy.spec import parse_conductor_spec
     from conductor.run.runtime import layout_for
 
     n_default = layout_for(parse_conductor_spec("fixed:0")).threads   # the single cold run's
+    n = n_questions(a.questions)
     best = (default_s, n_default)
     for threads in range(1, (os.cpu_count() or 1) + 1):
         if threads == n_default:
             continue
-        wall, summary = _answer(a.questions, work / f"single{tag}-t{threads}", f"bench-single{tag}-t{threads}",
-                                ["--conductor", "fixed:0", *common], threads=threads)
+        label = f"[single{tag} {threads} thread{'s' if threads > 1 else ''}]"
+        try:
+            wall, summary = _answer(a.questions, work / f"single{tag}-t{threads}", f"bench-single{tag}-t{threads}",
+                                    ["--conductor", "fixed:0", *common], threads=threads,
+                                    limit_s=None if n is None else best[0] * n + 60)
+        except Slower as e:
+            print(f"{label} {e}: slower than the fastest so far ({best[0]:.1f} s/q on {best[1]})", flush=True)
+            continue
         spq = wall / max(1, summary["questions"])
-        print(f"[single{tag} {threads} thread{'s' if threads > 1 else ''}] {summary['questions']} questions in "
+        print(f"{label} {summary['questions']} questions in "
               f"{wall:.1f}s ({spq:.1f} s/q; default {n_default}: {default_s:.1f} s/q) accuracy={summary['accuracy']}",
               flush=True)
         best = min(best, (spq, threads))
     return best
+
+
+def n_questions(spec: str) -> int | None:
+    """How many questions a ``name:N,...`` spec asks for (the bench's own form); None for another form.
+
+    >>> n_questions("gsm8k_test:5,mmlu_stem:5"), n_questions("gsm8k_test[0:5]")
+    (10, None)
+    """
+    counts = [part.rpartition(":")[2] for part in spec.split(",")]
+    return sum(map(int, counts)) if all(c.isdigit() for c in counts) else None
 
 
 def single_budget(lake: Path, run_id: str) -> dict[str, float]:

@@ -27,15 +27,16 @@ if [ "${COMPARE:-1}" != "0" ]; then
 
 What the comparison can and cannot say: its "In words" line above says whether the conductor and the best
 single worker are distinguishable on these questions; at 10 questions a difference must be about 30 points
-to show, so they usually are not. On a larger sample, 280 questions recorded for issue #47 (195 GSM8K, 85
-MMLU-STEM; docs/default-conductor.md), the untrained embedded conductor scored 40.7% against 43.6% for
-Qwen2.5-Coder-1.5B alone (-2.9 +/- 3.6 points paired) at 1.78x its seconds: on GSM8K it has the 1.5B reason,
-the python tool compute and the 0.5B report, right about as often as the 1.5B alone (41.5% against 41.0%); on
-MMLU it uses the 1.5B alone ("workers used" in the summary above shows the choice made on these questions). An earlier
-60-question slice had shown +11.7 points; the larger sample does not confirm it. What a conductor can gain on
-this pool, and what training learns there: docs/workflow-replay.md. A larger live comparison, from the questions shipped with the
-package: QUESTIONS=gsm8k_test:50,mmlu_stem:50 bash infra/quickstart.sh (about 45 s per question for the
-four strategies together on 2 idle cores, so over an hour).
+to show, so they usually are not. The conductor you just ran is the untrained embedded model choosing, per
+question, between the two workflows it would write itself: Qwen2.5-Coder-1.5B alone, or the 1.5B reasons, the
+python tool computes and the 0.5B reports ("workers used" in the summary above shows its choices). On 85
+held-out questions recorded for issue #47 it scored 52.9% against 45.9% for the 1.5B alone (+7.1 +/- 6.0 points
+paired: not distinguishable either) and 43.5% for the conductor that writes its workflows (+9.4 +/- 4.0);
+that writing conductor (--conductor embedded) was no better than the 1.5B alone on all 400 recorded questions
+(+1.0 +/- 3.0). What training learns on this pool (+7.8 +/- 2.4 points over the 1.5B alone on 128 held-out
+questions): docs/workflow-replay.md. A larger live comparison, from the questions shipped with the package:
+QUESTIONS=gsm8k_test:50,mmlu_stem:50 bash infra/quickstart.sh (about a minute per question for the four
+strategies together on 2 idle cores, so under two hours).
 EOF
 fi
 exit "$rc"
