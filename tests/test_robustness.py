@@ -9,12 +9,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from conductor.data.questions import Question
 from conductor.learning import fault_conditions
 from conductor.learning.fault_conditions import (
+    MIN_GAP,
     FaultCondition,
     FaultConditionError,
     faulty_worker_for,
@@ -42,9 +43,10 @@ def test_doctests() -> None:
 
 
 @given(st.floats(0, 1), st.floats(0, 1), st.floats(0, 1))
+@example(a=2.225073858507203e-309, b=0.0, d=1.0)   # a subnormal gap once divided to infinity
 def test_recovery_is_the_share_of_the_gap_won_back(a: float, b: float, d: float) -> None:
     r = recovery(a, b, d)
-    if a - b <= 0:
+    if a - b <= MIN_GAP:
         assert r == 0.0
     else:
         assert abs(r * (a - b) - (d - b)) < 1e-5 * max(1.0, abs(r))

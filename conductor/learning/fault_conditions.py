@@ -37,11 +37,16 @@ def recovery(clean: float, untrained: float, trained: float) -> float:
     """(d - b) / (a - b): the share of the gap from the untrained conductor under the fault (b) up to the clean
     accuracy (a: the clean pool's ceiling) that the trained conductor (d) closed.
 
-    >>> recovery(0.8, 0.5, 0.74), recovery(0.8, 0.5, 0.5), recovery(0.5, 0.5, 0.6)
-    (0.8, 0.0, 0.0)
+    Accuracies closer than ``MIN_GAP`` are equal: no gap to close (a subnormal gap would divide to infinity).
+
+    >>> recovery(0.8, 0.5, 0.74), recovery(0.8, 0.5, 0.5), recovery(0.5, 0.5, 0.6), recovery(2.2e-309, 0.0, 1.0)
+    (0.8, 0.0, 0.0, 0.0)
     """
     gap = clean - untrained
-    return round((trained - untrained) / gap, 6) if gap > 0 else 0.0
+    return round((trained - untrained) / gap, 6) if gap > MIN_GAP else 0.0
+
+
+MIN_GAP = 1e-9   # accuracies are shares of at most millions of questions: closer than this, they are equal
 
 
 def faulty_worker_for(seed: int, question_id: str, names: Sequence[str]) -> str:
