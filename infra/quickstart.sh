@@ -29,9 +29,9 @@ What the comparison can and cannot say: its "In words" line above says whether t
 single worker are distinguishable on these questions; at 10 questions a difference must be about 30 points
 to show, so they usually are not. The conductor you just ran is the untrained embedded model choosing, per
 question, between the two workflows it would write itself: Qwen2.5-Coder-1.5B alone, or the 1.5B reasons, the
-python tool computes and the 0.5B reports ("workers used" in the summary above shows its choices). On 85
-held-out questions recorded for issue #47 it scored 52.9% against 45.9% for the 1.5B alone (+7.1 +/- 6.0 points
-paired: not distinguishable either) and 43.5% for the conductor that writes its workflows (+9.4 +/- 4.0);
+python tool computes and the 0.5B reports ("workers used" in the summary above shows its choices). On 128
+held-out questions recorded for issue #47 it scored 50.8% against 41.4% for the 1.5B alone (+9.4 +/- 4.8 points
+paired) and 42.2% for the conductor that writes its workflows (+8.6 +/- 3.1);
 that writing conductor (--conductor embedded) was no better than the 1.5B alone on all 400 recorded questions
 (+1.0 +/- 3.0). What training learns on this pool (+7.8 +/- 2.4 points over the 1.5B alone on 128 held-out
 questions): docs/workflow-replay.md. A larger live comparison, from the questions shipped with the package:
