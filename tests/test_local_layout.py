@@ -56,7 +56,7 @@ def test_a_serial_run_leaves_busy_cores_to_their_jobs():
 
 def test_the_thread_count_follows_the_environment_in_either_layout(monkeypatch):
     monkeypatch.setenv("CONDUCTOR_LOCAL_THREADS", "3")
-    assert LocalLayout.serial_on(free=2).threads == LocalLayout.parallel(cores=2).threads == 3
+    assert LocalLayout.serial_on(free=2).threads == LocalLayout.parallel().threads == 3
 
 
 def _two_models(emu: Emulator, share: str | None) -> Pool:

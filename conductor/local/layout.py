@@ -35,7 +35,7 @@ class LocalLayout:
     """``threads`` for every embedded engine (servers and the in-process conductor); ``serial``: one computes at
     a time (module docstring).
 
-    >>> LocalLayout.parallel(cores=2).serial, LocalLayout.serial_on(free=2).serial   # threads: the tests
+    >>> LocalLayout.parallel().serial, LocalLayout.serial_on(free=2).serial   # threads: the tests
     (False, True)
     """
 
@@ -43,8 +43,9 @@ class LocalLayout:
     serial: bool
 
     @classmethod
-    def parallel(cls, cores: int | None = None) -> LocalLayout:
-        return cls(threads=_threads(max(1, _cores(cores) - 1)), serial=False)
+    def parallel(cls) -> LocalLayout:
+        """Every engine at once on all cores but one (or ``$CONDUCTOR_LOCAL_THREADS``): ``default_threads``."""
+        return cls(threads=default_threads(), serial=False)
 
     @classmethod
     def serial_on(cls, free: int | None = None) -> LocalLayout:
@@ -63,11 +64,3 @@ def free_cores(sample_s: float = 0.3) -> int:
     busy = psutil.cpu_percent(interval=sample_s) / 100 * cores
     return max(1, cores - round(busy))
 
-
-def _cores(cores: int | None) -> int:
-    return cores if cores is not None else (os.cpu_count() or 1)
-
-
-def _threads(default: int) -> int:
-    """``$CONDUCTOR_LOCAL_THREADS`` when set (checked: ``default_threads``), else ``default``."""
-    return default_threads() if os.environ.get(THREADS_ENV, "").strip() else default

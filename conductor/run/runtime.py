@@ -74,10 +74,9 @@ def conductor_policy(spec: ConductorSpec, in_process: bool = False,
                      pool: Pool | None = None, threads: int | None = None) -> tuple[PolicyBackend, str]:
     """(policy, checkpoint id) for a conductor spec.
 
-    ``auto`` is the registry's champion when one has been promoted, else the pool's default menu (with
-    ``in_process`` over an embedded pool: ``effective_spec``) or ``embedded`` (the 1.5B model, few-shot prompted;
-    with ``in_process``, llama.cpp in this process with saved prompt prefixes, loaded on first use:
-    ``embedded_conductor``). ``champion[@URI]``
+    ``auto`` is the registry's champion when one has been promoted, else ``embedded`` (the 1.5B model, few-shot
+    prompted; with ``in_process``, llama.cpp in this process with saved prompt prefixes, loaded on first use:
+    ``embedded_conductor``); ``serving`` resolves ``auto`` to the pool's default menu first (``effective_spec``). ``champion[@URI]``
     requires a champion. The baseline strategies (``fixed:i``, ``sc:i:k``, ``moa:...``, ``random``;
     conductor.policy.strategies) write their workflows without a model and need the ``pool``. ``threads``: a
     menu's in-process model's (the run's layout: conductor/local/layout.py).
@@ -93,7 +92,6 @@ def conductor_policy(spec: ConductorSpec, in_process: bool = False,
         TransformersSpec,
     )
 
-    spec = effective_spec(spec, pool, in_process)
     match spec:
         case MenuSpec():
             if pool is None or not in_process:
