@@ -19,7 +19,9 @@
 Run: ``python bench/serve.py`` (defaults: 64 clients, 2,000 requests, 0.25 s per call, the ``moa:0+1:2``
 strategy: two proposers in parallel, then an aggregator: 3 worker calls and 0.5 s per request; 40 A/B rounds of
 10). Server CPU per request: the server process's CPU seconds (user + system, /proc) from the load's start until
-the lake writer has written every row, over the requests.
+the lake writer has written every row, over the requests. Beside it the bench prints the server's CPU over the
+SDK clients' CPU in the same run (the host's phase moves both; the ratio stays) and this machine's price of
+waking (``wake_cost``: the same piece of Python back to back and after a 4 ms sleep), docs/serving.md "Sixth look".
 Last line: ``requests=<n> errors=<e> concurrency=<c> server_cpu_ms_per_request=<ms> ab_overhead_p50_ms=<ms>
 litellm_ab_overhead_p50_ms=<ms> inside_overhead_p50_ms=<ms> throughput_rps=<r>``; ``inside_overhead_p50_ms`` is
 the median of the ``x-conductor-overhead-ms`` header over the A/B's requests through `conductor serve`.
@@ -220,6 +222,25 @@ def cpu_s(pid: int) -> float:
         return float("nan")
 
 
+def wake_cost(n: int = 400, gap_s: float = 0.004) -> tuple[float, float]:
+    """(microseconds of CPU a fixed piece of Python takes run back to back, the same piece after a ``gap_s``
+    sleep): what this machine charges a process each time it wakes from idle (cold caches, the hypervisor's
+    halt and resume), as the server wakes between its requests' events at the bench's pace."""
+    def piece() -> int:
+        d = {str(i): i for i in range(300)}
+        return sum(d.values())
+
+    out = []
+    for gap in (0.0, gap_s):
+        c0 = time.thread_time()
+        for _ in range(n):
+            if gap:
+                time.sleep(gap)
+            piece()
+        out.append((time.thread_time() - c0) / n * 1e6)
+    return out[0], out[1]
+
+
 def stop(proc: subprocess.Popen[bytes]) -> int:
     proc.terminate()        # SIGTERM: uvicorn finishes in-flight requests, the lake writer flushes
     try:
@@ -377,6 +398,10 @@ def main() -> None:
           f"{client_cpu / len(items) * 1000:.2f} ms (direct executor: {direct_cpu / len(items) * 1000:.2f} ms); "
           f"the SDK alone on a canned reply: {sdk_floor(questions(1)[0][0]) * 1000:.2f} ms; load {os.getloadavg()[0]:.2f}",
           flush=True)
+    hot, woken = wake_cost()
+    print(f"server CPU over the SDK clients' CPU in the same run: {server_cpu / client_cpu:.3f} (the host's phase "
+          f"moves both together); this machine's wake-up cost: a piece of Python taking {hot:.0f} us back to back "
+          f"takes {woken:.0f} us after a 4 ms sleep ({woken / hot:.2f}x)", flush=True)
     print(f"the server's own time under load (x-conductor-overhead-ms): p50 {pct(own, 0.5):.2f} ms, "
           f"p90 {pct(own, 0.9):.2f} ms (at {args.clients} clients it includes waiting for the event loop "
           f"while other requests' CPU runs)", flush=True)

@@ -35,6 +35,7 @@ Example manifest entry::
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import math
@@ -119,6 +120,7 @@ def _norm(text: str) -> str:
     return " ".join(text.split())
 
 
+@functools.lru_cache(maxsize=4096)
 def question_key(question: str) -> str:
     """Hash of the whitespace-normalised question text.
 
@@ -193,9 +195,9 @@ def write_gold_file(path: str | Path, rows: Iterable[tuple[str, str, str]]) -> P
 
 
 def _load_file(path: str) -> dict[str, GoldRecord]:
-    with _LOCK:
-        if path in _FILES:
-            return _FILES[path]
+    loaded = _FILES.get(path)       # read without the lock: a dict lookup is atomic, and entries are never removed
+    if loaded is not None:
+        return loaded
     out: dict[str, GoldRecord] = {}
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
@@ -217,8 +219,21 @@ def _load_file(path: str) -> dict[str, GoldRecord]:
 
 def lookup_gold(messages: list[Message], gold_path: str | None = None) -> GoldRecord | None:
     """Find the question these messages are about and return its gold record."""
+    return _lookup_text(_joined(messages), gold_path)
+
+
+def _joined(messages: list[Message]) -> str:
+    """The messages' text as a worker reads it, in one string (each reading below starts from it)."""
+    return "\n".join(m.content for m in messages)
+
+
+def _context(text: str) -> str:
+    """``text`` with the question cut out: what earlier steps showed the worker."""
+    return _TASK_RE.sub(" ", text)
+
+
+def _lookup_text(text: str, gold_path: str | None) -> GoldRecord | None:
     tables = [_GOLD] + ([_load_file(gold_path)] if gold_path else [])
-    text = "\n".join(m.content for m in messages)
     for m in _TASK_RE.finditer(text):
         key = question_key(m.group(1))
         for t in tables:
@@ -298,8 +313,11 @@ def visible_answers(messages: list[Message]) -> list[str]:
     ...                                   "<Agent 0 response><answer>C</answer></Agent 0 response>")])
     ['C']
     """
-    text = _TASK_RE.sub(" ", "\n".join(m.content for m in messages))
-    return [a.strip() for a in _ANSWER_TAG_RE.findall(text)]
+    return _answers(_context(_joined(messages)))
+
+
+def _answers(context: str) -> list[str]:
+    return [a.strip() for a in _ANSWER_TAG_RE.findall(context)]
 
 
 def misleading_answer(messages: list[Message], rec: GoldRecord) -> str | None:
@@ -309,7 +327,11 @@ def misleading_answer(messages: list[Message], rec: GoldRecord) -> str | None:
     >>> misleading_answer(m, GoldRecord("4", "math")), misleading_answer(m[:0], GoldRecord("4", "math"))
     ('6', None)
     """
-    wrong = [a for a in visible_answers(messages) if a != rec.gold.strip()]
+    return _misleading(_context(_joined(messages)), rec)
+
+
+def _misleading(context: str, rec: GoldRecord) -> str | None:
+    wrong = [a for a in _answers(context) if a != rec.gold.strip()]
     if not wrong or _domain_kind(rec) == "code":
         return None
     counts = Counter(wrong)
@@ -328,7 +350,10 @@ def _context_has_correct(messages: list[Message], rec: GoldRecord) -> bool:
     >>> _context_has_correct([Message("user", q + "<Agent 0 response><answer>B</answer>")], GoldRecord("B", "mcq"))
     True
     """
-    text = _TASK_RE.sub(" ", "\n".join(m.content for m in messages))
+    return _has_correct(_context(_joined(messages)), rec)
+
+
+def _has_correct(text: str, rec: GoldRecord) -> bool:
     gold = rec.gold.strip()
     if _domain_kind(rec) == "code":
         return bool(gold) and gold[:80] in text
@@ -350,9 +375,10 @@ class SimulatedProvider:
         self.worker = worker
         self.calls = 0
 
-    def probability(self, messages: list[Message], rec: GoldRecord) -> float:
+    def probability(self, context: str, rec: GoldRecord) -> float:
+        """P(correct) on ``rec``, helped when ``context`` (the messages without the question) shows its answer."""
         p = self.options.skill(rec.domain, rec.dataset)
-        if _context_has_correct(messages, rec):
+        if self.options.helped_by_context and _has_correct(context, rec):
             p += self.options.helped_by_context
         return min(1.0, max(0.0, p))
 
@@ -363,7 +389,8 @@ class SimulatedProvider:
             h.update(f"\x1e{m.role}\x1f{m.content}".encode())
         return random.Random(int.from_bytes(h.digest()[:8], "big"))
 
-    def swayed_answer(self, messages: list[Message], rec: GoldRecord, sample_index: int) -> str | None:
+    def swayed_answer(self, messages: list[Message], context: str, rec: GoldRecord,
+                      sample_index: int) -> str | None:
         """The answer a bad earlier step imposes, or None to answer on its own skill: an injected instruction
         obeyed (``obeys_instructions``) first, else a visible wrong answer copied (``misled_by_context``).
         Drawn from a stream of its own, so with both options 0 the worker's draws are unchanged."""
@@ -372,25 +399,27 @@ class SimulatedProvider:
             return None
         rng = self._rng(messages, sample_index, "\x1fsway")
         u_obey, u_misled = rng.random(), rng.random()
-        context = _TASK_RE.sub(" ", "\n".join(m.content for m in messages))
         injected = injected_answer(context)
         if injected is not None and u_obey < o.obeys_instructions:
             return injected
-        misled = misleading_answer(messages, rec)
+        misled = _misleading(context, rec)
         if misled is not None and u_misled < o.misled_by_context:
             return misled
         return None
 
     async def complete(self, messages: list[Message], *, sample_index: int = 0) -> Completion:
         self.calls += 1
-        rec = lookup_gold(messages, self.options.gold_path)
+        text = _joined(messages)          # joined once, and the question cut out once, for every reading below
+        rec = _lookup_text(text, self.options.gold_path)
         if rec is None:
             raise ProviderError("permanent", f"simulated worker {self.worker.name}: no gold answer registered "
                                 "for this question (call register_gold or set options.gold_path)")
-        answer = self.swayed_answer(messages, rec, sample_index)
+        o = self.options
+        context = _context(text) if (o.helped_by_context or o.obeys_instructions or o.misled_by_context) else ""
+        answer = self.swayed_answer(messages, context, rec, sample_index)
         if answer is None:
             rng = self._rng(messages, sample_index)
-            correct = rng.random() < self.probability(messages, rec)
+            correct = rng.random() < self.probability(context, rec)
             answer = rec.gold.strip() if correct else wrong_answer(rec, rng)
         body = format_answer(answer, rec)
         if self.options.verbose:
