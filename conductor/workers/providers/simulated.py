@@ -165,7 +165,7 @@ def know_questions(pool: Pool, questions: Iterable[Question]) -> int:
     >>> from conductor.workers.pool import Pool, Worker
     >>> q = Question(id="q", dataset="d", domain="math", prompt="What is 6*7?", gold="42")
     >>> sim = Pool(pool_id="p", workers=[Worker(name="s", provider="simulated", model="s")])
-    >>> know_questions(sim, [q]), lookup_gold([Message("user", "What is 6*7?")])
+    >>> know_questions(sim, [q]), lookup_gold("What is 6*7?")
     (1, GoldRecord(gold='42', domain='math', dataset='d', n_choices=4))
     >>> know_questions(Pool(pool_id="p", workers=[Worker(name="o", provider="openai", model="o")]), [q])
     0
@@ -217,11 +217,6 @@ def _load_file(path: str) -> dict[str, GoldRecord]:
     return out
 
 
-def lookup_gold(messages: list[Message], gold_path: str | None = None) -> GoldRecord | None:
-    """Find the question these messages are about and return its gold record."""
-    return _lookup_text(_joined(messages), gold_path)
-
-
 def _joined(messages: list[Message]) -> str:
     """The messages' text as a worker reads it, in one string (each reading below starts from it)."""
     return "\n".join(m.content for m in messages)
@@ -232,7 +227,8 @@ def _context(text: str) -> str:
     return _TASK_RE.sub(" ", text)
 
 
-def _lookup_text(text: str, gold_path: str | None) -> GoldRecord | None:
+def lookup_gold(text: str, gold_path: str | None = None) -> GoldRecord | None:
+    """Find the question the messages' ``text`` (``_joined``) is about and return its gold record."""
     tables = [_GOLD] + ([_load_file(gold_path)] if gold_path else [])
     for m in _TASK_RE.finditer(text):
         key = question_key(m.group(1))
@@ -306,58 +302,47 @@ def format_answer(answer: str, rec: GoldRecord) -> str:
     return f"The final answer is $\\boxed{{{answer}}}$.\n<answer>{answer}</answer>"
 
 
-def visible_answers(messages: list[Message]) -> list[str]:
-    """The ``<answer>`` values of the earlier responses the messages show (the question cut out first).
+def visible_answers(context: str) -> list[str]:
+    """The ``<answer>`` values of the earlier responses in ``context`` (the messages' text, question cut out:
+    ``_context``).
 
-    >>> visible_answers([Message("user", "<overall_task>e.g. <answer>B</answer></overall_task> "
-    ...                                   "<Agent 0 response><answer>C</answer></Agent 0 response>")])
+    >>> visible_answers(_context("<overall_task>e.g. <answer>B</answer></overall_task> "
+    ...                          "<Agent 0 response><answer>C</answer></Agent 0 response>"))
     ['C']
     """
-    return _answers(_context(_joined(messages)))
-
-
-def _answers(context: str) -> list[str]:
     return [a.strip() for a in _ANSWER_TAG_RE.findall(context)]
 
 
-def misleading_answer(messages: list[Message], rec: GoldRecord) -> str | None:
+def misleading_answer(context: str, rec: GoldRecord) -> str | None:
     """The wrong answer a misled worker copies: the most common visible wrong one (ties: the latest), or None.
 
-    >>> m = [Message("user", "<answer>5</answer> <answer>4</answer> <answer>6</answer> <answer>6</answer>")]
-    >>> misleading_answer(m, GoldRecord("4", "math")), misleading_answer(m[:0], GoldRecord("4", "math"))
+    >>> c = "<answer>5</answer> <answer>4</answer> <answer>6</answer> <answer>6</answer>"
+    >>> misleading_answer(c, GoldRecord("4", "math")), misleading_answer("", GoldRecord("4", "math"))
     ('6', None)
     """
-    return _misleading(_context(_joined(messages)), rec)
-
-
-def _misleading(context: str, rec: GoldRecord) -> str | None:
-    wrong = [a for a in _answers(context) if a != rec.gold.strip()]
+    wrong = [a for a in visible_answers(context) if a != rec.gold.strip()]
     if not wrong or _domain_kind(rec) == "code":
         return None
     counts = Counter(wrong)
     return max(reversed(wrong), key=lambda a: counts[a])
 
 
-def _context_has_correct(messages: list[Message], rec: GoldRecord) -> bool:
-    """True if an earlier response visible in the messages already states the gold answer.
+def _context_has_correct(context: str, rec: GoldRecord) -> bool:
+    """True if an earlier response visible in ``context`` already states the gold answer.
 
-    The question itself is cut out first: its format instruction may show an
-    example answer ("<answer>B</answer>") that must not count as help.
+    The question is cut out of the context first (``_context``): its format instruction may show an example
+    answer ("<answer>B</answer>") that must not count as help.
 
     >>> q = "<overall_task>Pick one. e.g. <answer>B</answer></overall_task>"
-    >>> _context_has_correct([Message("user", q)], GoldRecord("B", "mcq"))
+    >>> _context_has_correct(_context(q), GoldRecord("B", "mcq"))
     False
-    >>> _context_has_correct([Message("user", q + "<Agent 0 response><answer>B</answer>")], GoldRecord("B", "mcq"))
+    >>> _context_has_correct(_context(q + "<Agent 0 response><answer>B</answer>"), GoldRecord("B", "mcq"))
     True
     """
-    return _has_correct(_context(_joined(messages)), rec)
-
-
-def _has_correct(text: str, rec: GoldRecord) -> bool:
     gold = rec.gold.strip()
     if _domain_kind(rec) == "code":
-        return bool(gold) and gold[:80] in text
-    return f"<answer>{gold}</answer>" in text or f"\\boxed{{{gold}}}" in text
+        return bool(gold) and gold[:80] in context
+    return f"<answer>{gold}</answer>" in context or f"\\boxed{{{gold}}}" in context
 
 
 # ------------------------------------------------------------------ provider
@@ -378,7 +363,7 @@ class SimulatedProvider:
     def probability(self, context: str, rec: GoldRecord) -> float:
         """P(correct) on ``rec``, helped when ``context`` (the messages without the question) shows its answer."""
         p = self.options.skill(rec.domain, rec.dataset)
-        if self.options.helped_by_context and _has_correct(context, rec):
+        if self.options.helped_by_context and _context_has_correct(context, rec):
             p += self.options.helped_by_context
         return min(1.0, max(0.0, p))
 
@@ -402,7 +387,7 @@ class SimulatedProvider:
         injected = injected_answer(context)
         if injected is not None and u_obey < o.obeys_instructions:
             return injected
-        misled = _misleading(context, rec)
+        misled = misleading_answer(context, rec)
         if misled is not None and u_misled < o.misled_by_context:
             return misled
         return None
@@ -410,7 +395,7 @@ class SimulatedProvider:
     async def complete(self, messages: list[Message], *, sample_index: int = 0) -> Completion:
         self.calls += 1
         text = _joined(messages)          # joined once, and the question cut out once, for every reading below
-        rec = _lookup_text(text, self.options.gold_path)
+        rec = lookup_gold(text, self.options.gold_path)
         if rec is None:
             raise ProviderError("permanent", f"simulated worker {self.worker.name}: no gold answer registered "
                                 "for this question (call register_gold or set options.gold_path)")
