@@ -241,6 +241,38 @@ def wake_cost(n: int = 400, gap_s: float = 0.004) -> tuple[float, float]:
     return out[0], out[1]
 
 
+def wake_footprint(n: int = 100) -> tuple[float, float, float, float]:
+    """What the price of waking depends on (docs/serving.md, "Seventh look"): microseconds of CPU of a loop that
+    touches almost no memory, back to back and after a 20 ms sleep, then of a piece reading 2,000 long-lived
+    objects scattered over a large heap (as a request reads the server's modules, pool and tables), the same two
+    ways. Where the first ratio is near 1 and the second is several times, the machine evicts the process's
+    caches while it sleeps: the cost of a wake-up grows with the memory the woken code touches."""
+    objs = [{"a": i, "b": str(i)} for i in range(200_000)]
+
+    def tight() -> int:
+        x = 0
+        for i in range(1500):
+            x += i
+        return x
+
+    def wide() -> int:
+        return sum(objs[j]["a"] for j in range(0, 200_000, 100))
+
+    return _timed(tight, n, 0.0), _timed(tight, n, 0.02), _timed(wide, n, 0.0), _timed(wide, n, 0.02)
+
+
+def _timed(piece: Callable[[], int], n: int, gap_s: float) -> float:
+    """Median thread CPU (us) of ``piece`` over ``n`` runs, each after a ``gap_s`` sleep."""
+    out = []
+    for _ in range(n):
+        if gap_s:
+            time.sleep(gap_s)
+        c0 = time.thread_time()
+        piece()
+        out.append(time.thread_time() - c0)
+    return statistics.median(out) * 1e6
+
+
 def stop(proc: subprocess.Popen[bytes]) -> int:
     proc.terminate()        # SIGTERM: uvicorn finishes in-flight requests, the lake writer flushes
     try:
@@ -402,6 +434,10 @@ def main() -> None:
     print(f"server CPU over the SDK clients' CPU in the same run: {server_cpu / client_cpu:.3f} (the host's phase "
           f"moves both together); this machine's wake-up cost: a piece of Python taking {hot:.0f} us back to back "
           f"takes {woken:.0f} us after a 4 ms sleep ({woken / hot:.2f}x)", flush=True)
+    t_hot, t_woken, w_hot, w_woken = wake_footprint()
+    print(f"what waking costs depends on the memory touched: a loop touching almost none {t_hot:.0f} us back to back, "
+          f"{t_woken:.0f} us after a 20 ms sleep ({t_woken / t_hot:.2f}x); reading 2,000 long-lived objects "
+          f"{w_hot:.0f} us back to back, {w_woken:.0f} us after a 20 ms sleep ({w_woken / w_hot:.2f}x)", flush=True)
     print(f"the server's own time under load (x-conductor-overhead-ms): p50 {pct(own, 0.5):.2f} ms, "
           f"p90 {pct(own, 0.9):.2f} ms (at {args.clients} clients it includes waiting for the event loop "
           f"while other requests' CPU runs)", flush=True)

@@ -329,15 +329,40 @@ def conductor_prompt(question: str, subpool: SubPool, *, fewshot: str | FewShotS
     ``fewshot="informed"`` (optionally ``informed:k``) selects the informed prompt: worker notes shown,
     examples instantiated on this sub-pool's roles, question last.
     """
-    if FewShotSpec.parse(fewshot).policy == "informed":
-        roles = role_ordinals(subpool)
-        usable = same_domain_first([e for e in select_fewshot(fewshot, domain) if e.roles <= roles.keys()], domain)
-        examples = "\n".join(e.render(roles) for e in usable)
-        return INFORMED_TEMPLATE.format(max_steps=max_steps, examples=examples or "(none)\n", reminder=INFORMED_REMINDER,
-                                        question=question.strip(), models=describe_models(subpool, "notes"))
-    examples = "\n".join(e.render() for e in select_fewshot(fewshot, domain))
-    return CONDUCTOR_TEMPLATE.format(max_steps=max_steps, examples=examples or "(none)\n",
-                                     question=question.strip(), models=describe_models(subpool, describe))
+    spec = FewShotSpec.parse(fewshot)
+    if spec.policy == "informed":
+        roles = tuple(role_ordinals(subpool).items())
+        head, tail = _prompt_frame(spec, domain, max_steps, describe_models(subpool, "notes"), roles)
+    else:
+        head, tail = _prompt_frame(spec, domain, max_steps, describe_models(subpool, describe), None)
+    return head + question.strip() + tail
+
+
+_QUESTION_SLOT = "\x00question\x00"
+
+
+@functools.lru_cache(maxsize=256)
+def _prompt_frame(fewshot: FewShotSpec, domain: str | None, max_steps: int, models: str,
+                  roles: tuple[tuple[str, int], ...] | None) -> tuple[str, str]:
+    """The conductor prompt before and after the question (everything in it but the question), built once per
+    setting: a served request then only joins three strings (``roles``: None for the ordinal prompt).
+
+    >>> head, tail = _prompt_frame(FewShotSpec.parse("none"), None, 3, "Model 0", None)
+    >>> "Model 0" in head + tail and _QUESTION_SLOT not in head + tail
+    True
+    """
+    if roles is not None:
+        ordinals = dict(roles)
+        usable = same_domain_first([e for e in select_fewshot(fewshot, domain) if e.roles <= ordinals.keys()], domain)
+        examples = "\n".join(e.render(ordinals) for e in usable)
+        text = INFORMED_TEMPLATE.format(max_steps=max_steps, examples=examples or "(none)\n", reminder=INFORMED_REMINDER,
+                                        question=_QUESTION_SLOT, models=models)
+    else:
+        examples = "\n".join(e.render() for e in select_fewshot(fewshot, domain))
+        text = CONDUCTOR_TEMPLATE.format(max_steps=max_steps, examples=examples or "(none)\n",
+                                         question=_QUESTION_SLOT, models=models)
+    head, _, tail = text.partition(_QUESTION_SLOT)
+    return head, tail
 
 
 def recursion_prompt(previous_answer: str, max_steps: int = DEFAULT_MAX_STEPS) -> str:

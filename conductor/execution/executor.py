@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from conductor.execution.cache import ResponseCache, cache_key, messages_hash
 from conductor.execution.ratelimit import RateLimiter
-from conductor.execution.retry import RetryPolicy, call_with_retries, with_timeout
+from conductor.execution.retry import RetryPolicy, call_with_retries, timed_out
 from conductor.execution.upstream import awaiting_upstream
 from conductor.trajectory import CallRecord
 from conductor.workers.cost import call_cost
@@ -240,7 +240,8 @@ class Executor:
         try:
             if faults is not None:
                 await faults.before(rec)
-            c = await self._reply(worker, messages, rec, sample_index, state, who, start)
+            c = await (self._fetch(worker, messages, rec, sample_index, state, who, start, "") if self.cache is None
+                       else self._reply(worker, messages, rec, sample_index, state, who, start))
             return c if faults is None else faults.after(c, rec)
         except ProviderError as e:
             if not isinstance(e, BudgetStop):   # a spent dollar budget is the workflow's outcome, not a failure
@@ -364,9 +365,16 @@ class Executor:
                     sink.start()               # a retry's reply starts over
                 reply = (provider.complete(messages, sample_index=sample_index) if sink is None
                          else stream_completion(provider, messages, sink, sample_index=sample_index))
+                seconds = budget - permit.paused_s
                 try:
                     with awaiting_upstream():     # the server's overhead is its time minus this (execution/upstream.py)
-                        c = await with_timeout(reply, budget - permit.paused_s, who)
+                        async with asyncio.timeout(seconds):    # retry.with_timeout, inlined: one frame less a call
+                            c = await reply
+                except TimeoutError:
+                    permit.settle(0)
+                    if worker.provider == "local":
+                        raise SlotStillBusy(timed_out(who, seconds)) from None
+                    raise timed_out(who, seconds) from None
                 except ProviderError as e:
                     permit.settle(0)
                     if e.kind == "rate_limited":

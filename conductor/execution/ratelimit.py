@@ -26,8 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -203,30 +201,15 @@ class KeyLimiter:
         if self.rpm is not None:
             self.rpm.drain()
 
-    @asynccontextmanager
-    async def slot(self, tokens: int = 0, timeout_s: float | None = None) -> AsyncIterator[Permit]:
-        """Hold a concurrency slot plus one request and ``tokens`` tokens taken from the buckets.
+    def slot(self, tokens: int = 0, timeout_s: float | None = None) -> Slot:
+        """``async with key.slot(tokens, timeout_s) as permit``: a concurrency slot plus one request and ``tokens``
+        tokens taken from the buckets, held for the block.
 
         ``timeout_s``: the call's timeout. Time spent waiting out a Retry-After pause counts
         against it (``Permit.paused_s``); a pause lasting beyond it fails the call at once as
         ``rate_limited``. Queueing for the buckets does not count: that is the limit working.
         """
-        self.check_fits(tokens)
-        async with self.sem:
-            if self.unmetered and not self.gate.locked() and self.blocked_until <= time.monotonic():
-                lease, paused = None, 0.0    # no bucket, no store, no pause: nothing for the gate to watch
-            else:
-                async with self.gate:        # FIFO: the head waiter alone watches the buckets
-                    lease, paused = await self._admit(tokens, timeout_s)
-            self.in_flight += 1
-            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-            permit = Permit(self, tokens, lease, paused)
-            try:
-                yield permit
-            finally:
-                self.in_flight -= 1
-                if self.shared is not None:       # same task: Prefect's slot context must exit where it entered
-                    await self.shared.release(lease, permit.unused_tokens)
+        return Slot(self, tokens, timeout_s)
 
     async def _admit(self, tokens: int, timeout_s: float | None) -> tuple[Any, float]:
         paused = 0.0
@@ -260,6 +243,47 @@ class KeyLimiter:
             await asyncio.sleep(wait)
 
 
+class Slot:
+    """What ``KeyLimiter.slot`` returns: an async context manager whose ``__aenter__`` waits for the slot and the
+    buckets and returns the ``Permit``; ``__aexit__`` gives the slot (and a shared lease) back, whatever happened.
+
+    WHY a class and not an ``@asynccontextmanager`` generator: every worker call enters one, and the generator's
+    machinery cost about 2 us a call more (docs/serving.md, "Seventh look")."""
+
+    __slots__ = ("key", "tokens", "timeout_s", "permit")
+
+    def __init__(self, key: KeyLimiter, tokens: int, timeout_s: float | None):
+        self.key, self.tokens, self.timeout_s = key, tokens, timeout_s
+        self.permit: Permit | None = None
+
+    async def __aenter__(self) -> Permit:
+        key = self.key
+        key.check_fits(self.tokens)
+        await key.sem.acquire()
+        try:
+            if key.unmetered and not key.gate.locked() and key.blocked_until <= time.monotonic():
+                lease, paused = None, 0.0    # no bucket, no store, no pause: nothing for the gate to watch
+            else:
+                async with key.gate:         # FIFO: the head waiter alone watches the buckets
+                    lease, paused = await key._admit(self.tokens, self.timeout_s)
+        except BaseException:
+            key.sem.release()
+            raise
+        key.in_flight += 1
+        key.peak_in_flight = max(key.peak_in_flight, key.in_flight)
+        self.permit = Permit(key, self.tokens, lease, paused)
+        return self.permit
+
+    async def __aexit__(self, *exc: object) -> None:
+        key, permit = self.key, self.permit
+        try:
+            key.in_flight -= 1
+            if key.shared is not None and permit is not None:   # same task: Prefect's slot exits where it entered
+                await key.shared.release(permit.lease, permit.unused_tokens)
+        finally:
+            key.sem.release()
+
+
 class RateLimiter:
     """The process-wide table of key limiters (one per ``Worker.limit_key``).
 
@@ -288,10 +312,8 @@ class RateLimiter:
                                                max_pause_s=self.max_pause_s)
         return lim
 
-    @asynccontextmanager
-    async def slot(self, worker: Worker, tokens: int = 0, timeout_s: float | None = None) -> AsyncIterator[Permit]:
-        async with self.for_worker(worker).slot(tokens, timeout_s) as permit:
-            yield permit
+    def slot(self, worker: Worker, tokens: int = 0, timeout_s: float | None = None) -> Slot:
+        return self.for_worker(worker).slot(tokens, timeout_s)
 
     def stats(self) -> dict[str, dict[str, float]]:
         return {k.name: {"peak_in_flight": k.peak_in_flight, "waited_s": round(k.waited_s, 3),

@@ -52,13 +52,13 @@ def _waiter(policy: RetryPolicy, earlier_failures: int) -> Callable[[RetryCallSt
     return wait
 
 
-async def with_timeout(coro: Awaitable[T], seconds: float, who: str) -> T:
-    """Await ``coro`` at most ``seconds``; a classified ProviderError('timeout') otherwise."""
-    try:
-        async with asyncio.timeout(seconds):
-            return await coro
-    except TimeoutError:
-        raise ProviderError("timeout", f"{who}: no reply within {seconds:g} s") from None
+def timed_out(who: str, seconds: float) -> ProviderError:
+    """The classified error of a call that got no reply within its timeout.
+
+    >>> str(timed_out("worker a", 2.5))
+    'worker a: no reply within 2.5 s'
+    """
+    return ProviderError("timeout", f"{who}: no reply within {seconds:g} s")
 
 
 async def call_with_retries(attempt: Callable[[], Awaitable[T]], max_retries: int, policy: RetryPolicy,

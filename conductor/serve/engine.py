@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from conductor.execution.upstream import awaiting_upstream
 from conductor.policy.spec import is_embedded_checkpoint
+from conductor.records import replaced
 from conductor.serve.errors import APIError, bad_controls, unknown_model, upstream
 from conductor.workers.secrets import redact
 
@@ -426,9 +427,9 @@ class ServeEngine:
             model.specs[key] = base
         caps = [cap for cap in (self.config.max_dollars, c.max_cost) if cap is not None]
         date = time.strftime("%Y-%m-%d", time.gmtime())
-        return replace(base, run_id=self.config.run_id or f"served-{date}", samples=req.n, seed=req.seed or 0,
-                       temperature=self.config.temperature if req.temperature is None else float(req.temperature),
-                       budget=Budget(max_dollars=min(caps) if caps else None), date=date)
+        return replaced(base, run_id=self.config.run_id or f"served-{date}", samples=req.n, seed=req.seed or 0,
+                        temperature=self.config.temperature if req.temperature is None else float(req.temperature),
+                        budget=Budget(max_dollars=min(caps) if caps else None), date=date)
 
     def _base_spec(self, model: Model, workers: list[str] | None, exclude: list[str], max_steps: int) -> RunSpec:
         from conductor.policy.strategies import StrategyError, check_strategy, strategy_pool

@@ -16,22 +16,21 @@ replies and answers are kept (they may quote parts of it). API keys are scrubbed
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
 from conductor.data.served import redaction_mark
+from conductor.records import replaced
 from conductor.workers.secrets import redact
 
 if TYPE_CHECKING:
     from conductor.trajectory import Trajectory
 
 log = logging.getLogger("conductor.serve.lake")
-_T = TypeVar("_T")
 MAX_PENDING_SHARDS = 8      # rows kept for a retry while the lake cannot be written, in shards of ``batch``
 
 
@@ -41,28 +40,12 @@ def scrub(t: Trajectory, store_text: bool) -> Trajectory:
     question = t.question
     if not store_text and question:
         mark = redaction_mark(question)
-        rounds = [_with(r, prompt=r.prompt.replace(question.strip(), mark).replace(question, mark)) for r in t.rounds]
+        rounds = [replaced(r, prompt=r.prompt.replace(question.strip(), mark).replace(question, mark)) for r in t.rounds]
     else:
         mark = redact(question)
-        rounds = [_with(r, prompt=redact(r.prompt)) for r in t.rounds]
-    calls = [c if (sub := redact(c.subtask)) == c.subtask else _with(c, subtask=sub) for c in t.calls]
-    return _with(t, question=mark, rounds=rounds, calls=calls)   # unchanged calls are shared, never mutated
-
-
-def _with(obj: _T, **changes: Any) -> _T:
-    """A shallow copy with ``changes``: ``dataclasses.replace`` without re-running ``__init__`` over every field
-    (it walks the fields in Python; this copies the instance dict in C). The records here have no
-    ``__post_init__`` that a changed field would need to re-run.
-
-    >>> from dataclasses import replace
-    >>> from conductor.trajectory import Round
-    >>> r = Round(depth=0, prompt="p", completion="c")
-    >>> (_with(r, prompt="q").prompt, r.prompt, _with(r, prompt="q") == replace(r, prompt="q"))
-    ('q', 'p', True)
-    """
-    out = copy.copy(obj)
-    vars(out).update(changes)
-    return out
+        rounds = [replaced(r, prompt=redact(r.prompt)) for r in t.rounds]
+    calls = [c if (sub := redact(c.subtask)) == c.subtask else replaced(c, subtask=sub) for c in t.calls]
+    return replaced(t, question=mark, rounds=rounds, calls=calls)   # unchanged calls are shared, never mutated
 
 
 class ServedWriter:
