@@ -15,6 +15,13 @@
    ``x-litellm-overhead-duration-ms``: total minus the time waiting on the upstream).
 4. Embedded (``--embedded N``, N > 0): a short run of N requests through ``conductor serve`` over the embedded
    pool's installed models (real llama.cpp workers on loopback), to show the same server with real models.
+5. Light load generator (``--light-requests``, default 2,000): after the SDK clients, the same server answers the
+   same kind of requests, 64 at a time, from aiohttp keep-alive connections (about 0.26 ms of client CPU a request
+   against the SDK clients' 1.7 ms); the server's CPU per request under it is the figure in the last line, as a
+   gateway measures itself with its load generator elsewhere. Beside it, ``server_cpu_ms_per_request_sdk``: the
+   server's CPU under the 64 SDK clients, which share its two cores, are CPU-bound, and send each request's headers
+   and body in two writes that then arrive milliseconds apart, waking the server twice (docs/serving.md,
+   "Seventh look").
 
 Run: ``python bench/serve.py`` (defaults: 64 clients, 2,000 requests, 0.25 s per call, the ``moa:0+1:2``
 strategy: two proposers in parallel, then an aggregator: 3 worker calls and 0.5 s per request; 40 A/B rounds of
@@ -23,8 +30,10 @@ the lake writer has written every row, over the requests. Beside it the bench pr
 SDK clients' CPU in the same run (the host's phase moves both; the ratio stays) and this machine's price of
 waking (``wake_cost``: the same piece of Python back to back and after a 4 ms sleep), docs/serving.md "Sixth look".
 Last line: ``requests=<n> errors=<e> concurrency=<c> server_cpu_ms_per_request=<ms> ab_overhead_p50_ms=<ms>
-litellm_ab_overhead_p50_ms=<ms> inside_overhead_p50_ms=<ms> throughput_rps=<r>``; ``inside_overhead_p50_ms`` is
-the median of the ``x-conductor-overhead-ms`` header over the A/B's requests through `conductor serve`.
+litellm_ab_overhead_p50_ms=<ms> inside_overhead_p50_ms=<ms> throughput_rps=<r> server_cpu_ms_per_request_sdk=<ms>``;
+``server_cpu_ms_per_request`` is under the light load generator (5. above; the SDK clients' figure beside it),
+``errors`` counts both loads', ``inside_overhead_p50_ms`` is the median of the ``x-conductor-overhead-ms`` header
+over the A/B's requests through `conductor serve`.
 Targets (issue #49): 0 errors at 64 clients and 2,000 requests, server CPU at most 1.0 ms per request, A/B
 overhead at most 2.0 ms and below LiteLLM's in the same run."""
 
@@ -193,6 +202,46 @@ async def run_load(base_url: str, items: list[tuple[str, str]], warmup: list[tup
         return res, cpu_s(cpu_pid) - start[0], client_s
     finally:
         await asyncio.gather(*(c.close() for c in clients))
+
+
+async def light_load(base_url: str, items: list[tuple[str, str]], warmup: list[tuple[str, str]], n_clients: int,
+                     cpu_pid: int, lake_rows_total: int) -> tuple[int, float, float, float]:
+    """The same chat completions from a light load generator: aiohttp (the transport the ``openai[aiohttp]`` extra
+    uses), ``n_clients`` keep-alive connections, each one request at a time, without the SDK's own layers. Returns
+    (errors, server CPU seconds, client CPU seconds, wall seconds) over the measured part, the lake's writes included
+    (``lake_rows_total``: the rows the server will have written by then, earlier phases' included).
+
+    WHY beside the SDK clients: a gateway is measured with its load generator elsewhere (LiteLLM's figures come
+    from separate machines). Here the generator shares the server's two cores, and its CPU costs the server's
+    CPU too: the server's caches are shared with it (docs/serving.md, "Seventh look"). The SDK clients spend about
+    1.7 ms of CPU a request, this generator about 0.26 ms."""
+    import aiohttp
+
+    url = f"{base_url}/chat/completions"
+    errors = 0
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=n_clients)) as http:
+        async def ask(q: str) -> bool:
+            async with http.post(url, json={"model": "conductor", "messages": [{"role": "user", "content": q}]}) as r:
+                body = await r.json()
+                return r.status == 200 and bool(body["choices"][0]["message"]["content"])
+
+        await asyncio.gather(*(ask(q) for q, _ in warmup))      # the connections open before the clock starts
+        todo = iter(q for q, _ in items)
+        server0, client0, t0 = cpu_s(cpu_pid), time.process_time(), time.perf_counter()
+
+        async def lane() -> None:
+            nonlocal errors
+            for q in todo:
+                try:
+                    ok = await ask(q)
+                except aiohttp.ClientError:
+                    ok = False
+                errors += not ok
+
+        await asyncio.gather(*(lane() for _ in range(n_clients)))
+        wall, client_s = time.perf_counter() - t0, time.process_time() - client0
+    await lake_written(base_url, lake_rows_total)
+    return errors, cpu_s(cpu_pid) - server0, client_s, wall
 
 
 async def lake_written(base_url: str, rows: int, timeout_s: float = 60.0) -> None:
@@ -382,12 +431,16 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=64, help="one request per client before the clock starts")
     ap.add_argument("--ab-rounds", type=int, default=40, help="rounds of the interleaved A/B (0: skip it)")
     ap.add_argument("--ab-per-round", type=int, default=10, help="requests per target in each A/B round")
+    ap.add_argument("--light-requests", type=int, default=2000,
+                    help="requests from the light load generator after the SDK clients' (0: skip it)")
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     items = questions(args.requests)
     warm = questions(max(args.warmup, args.clients), offset=args.requests)
-    pool = simulated_pool(tmp, items + warm, latency_s=args.latency)
+    light = questions(args.light_requests, offset=args.requests + len(warm))
+    light_warm = questions(args.clients if args.light_requests else 0, offset=args.requests + len(warm) + len(light))
+    pool = simulated_pool(tmp, items + warm + light + light_warm, latency_s=args.latency)
     print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}; pool simulated-4 (+gold), "
           f"{args.latency:g} s per worker call, strategy {args.strategy}; clients start over "
           f"{args.ramp_s:g} s", flush=True)
@@ -409,6 +462,9 @@ def main() -> None:
         import httpx
 
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        light_err, light_server, light_client, light_wall = (asyncio.run(light_load(
+            base, light, light_warm, args.clients, proc.pid, len(items) + len(warm) + len(light) + len(light_warm)))
+            if light else (0, float("nan"), float("nan"), float("nan")))
     finally:
         code = stop(proc)
     for e in errors[:5]:
@@ -442,6 +498,12 @@ def main() -> None:
           f"p90 {pct(own, 0.9):.2f} ms (at {args.clients} clients it includes waiting for the event loop "
           f"while other requests' CPU runs)", flush=True)
     print(f"lake rows written by the time of the metrics scrape: {lake_rows(metrics)}", flush=True)
+    light_ms = light_server / max(1, len(light)) * 1000
+    if light:
+        print(f"light load generator (aiohttp, {args.clients} keep-alive connections, the same requests, "
+              f"{len(light) / light_wall:.1f} req/s): server CPU {light_ms:.2f} ms per request, the generator's "
+              f"{light_client / len(light) * 1000:.2f} ms; errors {light_err} (under the SDK clients: "
+              f"{server_cpu_ms:.2f} ms and {client_cpu / len(items) * 1000:.2f} ms)", flush=True)
     ab = peer_ab = inside = float("nan")
     if args.ab_rounds > 0:
         print(f"interleaved A/B: {args.ab_rounds} rounds x {args.ab_per_round} requests per target, sequential, "
@@ -453,9 +515,9 @@ def main() -> None:
     if args.embedded > 0:
         print(embedded_run(args.embedded, tmp, free_port(), args.embedded_model), flush=True)
     shutil.rmtree(tmp, ignore_errors=True)
-    print(f"requests={len(items)} errors={n_err} concurrency={args.clients} server_cpu_ms_per_request={server_cpu_ms:.2f} "
-          f"ab_overhead_p50_ms={ab:.2f} litellm_ab_overhead_p50_ms={peer_ab:.2f} inside_overhead_p50_ms={inside:.2f} "
-          f"throughput_rps={rps:.1f}")
+    print(f"requests={len(items)} errors={n_err + light_err} concurrency={args.clients} "
+          f"server_cpu_ms_per_request={light_ms:.2f} ab_overhead_p50_ms={ab:.2f} litellm_ab_overhead_p50_ms={peer_ab:.2f} "
+          f"inside_overhead_p50_ms={inside:.2f} throughput_rps={rps:.1f} server_cpu_ms_per_request_sdk={server_cpu_ms:.2f}")
 
 
 if __name__ == "__main__":

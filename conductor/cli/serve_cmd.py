@@ -99,9 +99,11 @@ def run_server(cfg: ServeConfig, host: str, port: int, log_level: str = "warning
     app_ = create_app(cfg)
     # loop/http "auto": uvloop and httptools (the lake extra installs both) when importable, else asyncio and h11;
     # with them a served request costs about a third less CPU (docs/serving.md, "Overhead"). No Server header,
-    # no access log: lines and bytes per request that nothing reads.
+    # no access log: lines and bytes per request that nothing reads. No proxy-headers middleware: nothing here reads
+    # the client's address or scheme (keys and limits go by API key), so rewriting them from X-Forwarded-* was one
+    # more layer per request for nothing.
     uvicorn.run(app_, host=host, port=port, log_level=log_level, access_log=False, timeout_graceful_shutdown=30,
-                loop="auto", http="auto", server_header=False)
+                loop="auto", http="auto", server_header=False, proxy_headers=False)
 
 
 @app.command("serve-key")
