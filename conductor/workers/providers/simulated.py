@@ -222,15 +222,35 @@ def _joined(messages: list[Message]) -> str:
     return "\n".join(m.content for m in messages)
 
 
-def _context(text: str) -> str:
-    """``text`` with the question cut out: what earlier steps showed the worker."""
-    return _TASK_RE.sub(" ", text)
+def _context(text: str, tasks: list[re.Match[str]] | None = None) -> str:
+    """``text`` with the question cut out: what earlier steps showed the worker. ``tasks``: the question's
+    matches in ``text`` if already found (``_tasks``), so the text is scanned once for both readings.
+
+    >>> t = "a <overall_task>q1</overall_task> b <overall_task>q2</overall_task> c"
+    >>> _context(t) == _context(t, _tasks(t)) == _TASK_RE.sub(" ", t)
+    True
+    """
+    if tasks is None:
+        return _TASK_RE.sub(" ", text)
+    pieces, end = [], 0
+    for m in tasks:
+        pieces.append(text[end:m.start()])
+        end = m.end()
+    pieces.append(text[end:])
+    return " ".join(pieces)
 
 
-def lookup_gold(text: str, gold_path: str | None = None) -> GoldRecord | None:
-    """Find the question the messages' ``text`` (``_joined``) is about and return its gold record."""
+def _tasks(text: str) -> list[re.Match[str]]:
+    """Every ``<overall_task>`` block of ``text``, in order (what ``_TASK_RE.sub`` would replace)."""
+    return list(_TASK_RE.finditer(text))
+
+
+def lookup_gold(text: str, gold_path: str | None = None,
+                tasks: list[re.Match[str]] | None = None) -> GoldRecord | None:
+    """Find the question the messages' ``text`` (``_joined``) is about and return its gold record (``tasks``: its
+    ``_tasks`` if already found)."""
     tables = [_GOLD] + ([_load_file(gold_path)] if gold_path else [])
-    for m in _TASK_RE.finditer(text):
+    for m in (_TASK_RE.finditer(text) if tasks is None else tasks):
         key = question_key(m.group(1))
         for t in tables:
             if key in t:
@@ -394,13 +414,14 @@ class SimulatedProvider:
 
     async def complete(self, messages: list[Message], *, sample_index: int = 0) -> Completion:
         self.calls += 1
-        text = _joined(messages)          # joined once, and the question cut out once, for every reading below
-        rec = lookup_gold(text, self.options.gold_path)
+        text = _joined(messages)          # joined once, and the question found once, for every reading below
+        tasks = _tasks(text)
+        rec = lookup_gold(text, self.options.gold_path, tasks)
         if rec is None:
             raise ProviderError("permanent", f"simulated worker {self.worker.name}: no gold answer registered "
                                 "for this question (call register_gold or set options.gold_path)")
         o = self.options
-        context = _context(text) if (o.helped_by_context or o.obeys_instructions or o.misled_by_context) else ""
+        context = _context(text, tasks) if (o.helped_by_context or o.obeys_instructions or o.misled_by_context) else ""
         answer = self.swayed_answer(messages, context, rec, sample_index)
         if answer is None:
             rng = self._rng(messages, sample_index)
