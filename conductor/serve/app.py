@@ -336,7 +336,7 @@ class Front:
 
     WHY: the answer handlers already catch every error and answer it in OpenAI's shape, so Starlette's layers
     (error middleware, exception middleware, router, the request-response wrapper; three ``send`` wrappers)
-    did nothing for them but cost about 7% of a request's CPU (docs/serving.md, "Seventh look"). The routes
+    did nothing for them but cost about 5% of a request's CPU in process (docs/serving.md, "Seventh look"). The routes
     stay declared in Starlette too, so its router still answers them for any other method (405). Every
     response, either way, carries the server's own time (``OverheadTiming``, x-conductor-overhead-ms)."""
 
