@@ -70,6 +70,22 @@ def test_every_response_carries_it_and_the_histogram_counts_streams(server: Live
     assert 'conductor_serve_overhead_seconds_count{endpoint="other"}' in text and "/no/such/path" not in text
 
 
+def test_the_answer_routes_fast_path_leaves_other_methods_to_the_router(server: LiveServer) -> None:
+    """POST to the answer routes goes straight to its handler (``Front``); any other method on the same paths still
+    gets the router's OpenAI-shaped 405, and a path beside them its 404, each with the overhead header."""
+    for path in ("/v1/chat/completions", "/v1/responses"):
+        r = httpx.get(server.root + path)
+        assert r.status_code == 405, (path, r.text)
+        assert r.json()["error"]["code"] == "method_not_allowed" and path in r.json()["error"]["message"]
+        assert float(r.headers["x-conductor-overhead-ms"]) >= 0
+    r = httpx.post(server.root + "/v1/chat/completion", json={"model": "conductor", "messages": []})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    assert float(r.headers["x-conductor-overhead-ms"]) >= 0
+    ok = httpx.post(server.base_url + "/responses", json={"model": "conductor", "input": questions(4)[3][0]},
+                    timeout=30)
+    assert ok.status_code == 200 and ok.json()["object"] == "response", ok.text
+
+
 def test_outside_a_server_nothing_is_counted(tmp_path: Path) -> None:
     """The executor's wrapper has no clock to tick outside a request (bulk runs, the benches)."""
     from conductor.execution.upstream import UPSTREAM, awaiting_upstream
