@@ -240,8 +240,7 @@ class Executor:
         try:
             if faults is not None:
                 await faults.before(rec)
-            c = await (self._fetch(worker, messages, rec, sample_index, state, who, start, "") if self.cache is None
-                       else self._reply(worker, messages, rec, sample_index, state, who, start))
+            c = await self._reply(worker, messages, rec, sample_index, state, who, start)
             return c if faults is None else faults.after(c, rec)
         except ProviderError as e:
             if not isinstance(e, BudgetStop):   # a spent dollar budget is the workflow's outcome, not a failure

@@ -224,16 +224,15 @@ def _joined(messages: list[Message]) -> str:
 
 def _context(text: str, tasks: list[re.Match[str]] | None = None) -> str:
     """``text`` with the question cut out: what earlier steps showed the worker. ``tasks``: the question's
-    matches in ``text`` if already found (``_tasks``), so the text is scanned once for both readings.
+    matches in ``text`` if already found (``_tasks``), so the text is scanned once for both readings; built from the
+    matches as ``_TASK_RE.sub(" ", text)`` would build it.
 
     >>> t = "a <overall_task>q1</overall_task> b <overall_task>q2</overall_task> c"
     >>> _context(t) == _context(t, _tasks(t)) == _TASK_RE.sub(" ", t)
     True
     """
-    if tasks is None:
-        return _TASK_RE.sub(" ", text)
     pieces, end = [], 0
-    for m in tasks:
+    for m in _tasks(text) if tasks is None else tasks:
         pieces.append(text[end:m.start()])
         end = m.end()
     pieces.append(text[end:])
@@ -250,7 +249,7 @@ def lookup_gold(text: str, gold_path: str | None = None,
     """Find the question the messages' ``text`` (``_joined``) is about and return its gold record (``tasks``: its
     ``_tasks`` if already found)."""
     tables = [_GOLD] + ([_load_file(gold_path)] if gold_path else [])
-    for m in (_TASK_RE.finditer(text) if tasks is None else tasks):
+    for m in _tasks(text) if tasks is None else tasks:
         key = question_key(m.group(1))
         for t in tables:
             if key in t:
