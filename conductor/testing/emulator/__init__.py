@@ -22,7 +22,7 @@ Batch APIs (processing delay, partial failures, expiry and cancellation; see ``c
                                                under /v1, the SDK's default API version)
 Control:
   GET  /_emulator/stats     request counts per route and outcome
-  GET  /_emulator/requests  the last request bodies (to check what an SDK sent)
+  GET  /_emulator/requests  the last requests: body and headers (to check what an SDK sent)
   GET  /_emulator/arrivals  monotonic arrival time of every request (rate measurements)
   POST /_emulator/config    merge settings (see ``EmulatorConfig``)
   POST /_emulator/reset     zero the counters and fault state (and forget batches and files)

@@ -49,7 +49,7 @@ def make_app(state: EmulatorState) -> web.Application:
         state.last_arrival = now
         state.arrivals.append(now)
         state.counts[route] += 1
-        state.recent.append({"route": route, "model": req.model, "body": body})
+        state.recent.append({"route": route, "model": req.model, "body": body, "headers": dict(request.headers)})
         state.in_flight += 1
         state.max_in_flight = max(state.max_in_flight, state.in_flight)
         try:

@@ -9,6 +9,8 @@ Registers three manifest providers:
 Parameters the official API lacks go through ``extra_body``: ``top_k`` and the
 Qwen3 ``chat_template_kwargs.enable_thinking`` switch. SDK retries are off: the
 executor owns retries so it can count them and honour rate limits globally.
+Whole replies are posted on aiohttp directly with the SDK's URL, headers and error
+texts (``DirectPost``, for its cost per call); streamed ones go through the SDK.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ import asyncio
 import json
 from typing import Any
 
-import httpx
+import orjson
 
+from conductor import __version__
 from conductor.workers.pool import Worker
 from conductor.workers.providers.base import Completion, Message, ProviderError, TextSink, register_provider
-from conductor.workers.providers.shared import LoopBoundClose, classify, estimate_tokens, with_prefill
-from conductor.workers.secrets import get_key
+from conductor.workers.providers.shared import LoopBoundClose, classify, estimate_tokens, status_error, with_prefill
+from conductor.workers.secrets import get_key, redact
 from conductor.workers.startup import StartError, start_before_request
 
 _NO_KEY = "no-key-needed"
@@ -30,13 +33,11 @@ _NO_KEY = "no-key-needed"
 
 def aiohttp_client() -> Any:
     """The SDK's own ``DefaultAioHttpClient`` (aiohttp under its HTTP layer; ``openai[aiohttp]``), or None for the
-    SDK's default httpx transport when aiohttp is not installed.
+    SDK's default httpx transport when aiohttp is not installed. It carries the streamed calls; the whole ones go
+    out on aiohttp directly (``DirectPost``).
 
-    WHY: a call through it costs about 0.33 ms less CPU and 1 ms less wall time on loopback than through httpx's
-    own transport (0.83 against 1.17 ms of client CPU per call, the SDK's ``post`` to the provider emulator, 1,500
-    calls each, docs/serving.md "Overhead"); every remote worker call of a served request or a batch run pays it.
-    The SDK keeps its base URL, key, timeout, error statuses and error types (the transport maps aiohttp's
-    errors to the HTTP layer's, which the SDK turns into its own).
+    WHY: a call through it cost about 0.33 ms less CPU and 1 ms less wall time on loopback than through httpx's
+    own transport (0.83 against 1.17 ms of client CPU per call, 1,500 calls each, docs/serving.md "Overhead").
     """
     import openai
 
@@ -44,6 +45,78 @@ def aiohttp_client() -> Any:
         return openai.DefaultAioHttpClient()
     except RuntimeError:      # the SDK installed without its aiohttp extra
         return None
+
+
+def sdk_error_text(status: int, body: bytes) -> str:
+    """The text the SDK gives an error reply (``APIStatusError``): the status, and the body's error message
+    when it has one.
+
+    >>> sdk_error_text(429, b'{"error": {"message": "Rate limit reached", "type": "requests"}}')
+    'Error code: 429 - Rate limit reached'
+    >>> sdk_error_text(502, b'<html>bad gateway</html>')
+    'Error code: 502'
+    """
+    text = f"Error code: {status}"
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return text
+    error = data.get("error", data) if isinstance(data, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return f"{text} - {message}" if isinstance(message, str) and message else text
+
+
+class DirectPost:
+    """A non-streaming chat completion posted on aiohttp itself, with the request the SDK would send and its
+    failures classified as ``classify`` classifies the SDK's.
+
+    WHY not the SDK's ``client.post``: per call the SDK builds its request options (a pydantic model, a deep
+    copy), its headers and URL (httpx's parser), an httpx request, and then its aiohttp transport turns that
+    into an aiohttp request and the reply back into an httpx response: 0.615 ms of CPU and 0.758 ms of latency a
+    call to the emulator on loopback, against 0.180 and 0.323 for the same post on aiohttp (docs/serving.md,
+    "Overhead"). Every remote worker call of a served request or a batch run pays it. What the SDK decides is
+    kept: the base URL it resolved (``OPENAI_BASE_URL`` included), its key, organization and project headers,
+    and the text of its errors (``sdk_error_text``); tests/test_openai_direct.py holds this path and the SDK's
+    to the same result, reply and error, fault by fault against the emulator. Streams stay on the SDK.
+    """
+
+    def __init__(self, client: Any, timeout_s: float):
+        self.url = str(client.base_url).rstrip("/") + "/chat/completions"
+        sdk = {**client.auth_headers, **client.default_headers}
+        self.headers = {k: v for k, v in sdk.items() if isinstance(v, str) and not k.lower().startswith("x-stainless")}
+        self.headers["User-Agent"] = f"conductor/{__version__}"
+        self.timeout_s = timeout_s
+        self.session: Any = None     # opened on the loop of the first call
+
+    def _session(self) -> Any:
+        if self.session is None:
+            import aiohttp  # the SDK's own aiohttp extra (openai[aiohttp]); imported on first use
+
+            self.session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=1000, keepalive_timeout=5.0),   # the SDK's limits
+                headers=self.headers, timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        return self.session
+
+    async def send(self, body: dict[str, Any], who: str) -> bytes:
+        """The reply's body, or a ProviderError (an error status, a timeout, a lost connection)."""
+        import aiohttp
+
+        try:
+            async with self._session().post(self.url, data=orjson.dumps(body)) as reply:
+                raw: bytes = await reply.read()
+                if reply.status >= 400:
+                    raise status_error(reply.status, redact(sdk_error_text(reply.status, raw))[:500],
+                                       reply.headers, who)
+                return raw
+        except TimeoutError as e:
+            raise ProviderError("timeout", f"{who}: timed out ({type(e).__name__})") from None
+        except (aiohttp.ClientError, OSError) as e:
+            raise ProviderError("server", f"{who}: connection failed ({type(e).__name__}): "
+                                          f"{redact(str(e))[:500]}") from None
+
+    async def aclose(self) -> None:
+        if self.session is not None:
+            await self.session.close()
 
 
 class OpenAIChat:
@@ -58,7 +131,8 @@ class OpenAIChat:
         key = get_key(env, worker.name) if env else _NO_KEY
         self.client = openai.AsyncOpenAI(api_key=key, base_url=worker.base_url, max_retries=0,
                                          timeout=worker.limits.timeout_s, http_client=aiohttp_client())
-        self.closing = LoopBoundClose(self.client.close)
+        self.direct = DirectPost(self.client, worker.limits.timeout_s)
+        self.closing = LoopBoundClose(self._close)
         self.params = self._params()
         extra = self.params.get("extra_body") or {}
         self.body = {**{k: v for k, v in self.params.items() if k != "extra_body"}, **extra}   # as sent on the wire
@@ -123,23 +197,13 @@ class OpenAIChat:
         wire = [{"role": m.role, "content": m.content} for m in msgs]
         who = f"worker {self.worker.name}"
         await self.closing.arm()
-        try:   # the SDK sends the request and raises on an error status; the reply's body is read below
-            raw = await self.client.post("/chat/completions", cast_to=httpx.Response,
-                                         body={**self.body, "messages": wire})
-            body = raw.content
-        except BaseException as e:  # noqa: BLE001 - classified, never swallowed
-            if isinstance(e, (KeyboardInterrupt, SystemExit)) or type(e).__name__ == "CancelledError":
-                raise
-            raise classify(e, who) from None
+        body = await self.direct.send({**self.body, "messages": wire}, who)
         return self._reply(body, msgs, who)
 
     def _reply(self, body: bytes, msgs: list[Message], who: str) -> Completion:
-        """A chat completion's JSON read as plain data. WHY ``client.post`` and not ``chat.completions.create``:
-        the typed call walks the request through the SDK's TypedDict transform and builds pydantic models of the
-        reply, about 1 ms of CPU per call of the ~2.5 ms the call cost in all, the largest piece of a served
-        request's own cost over a remote worker (docs/serving.md, "Overhead"). ``post`` is the SDK's documented
-        way to send a body as it is; it keeps the SDK's base URL, key, timeout and error statuses, and the body
-        sent is the one ``create`` would send (its ``extra_body`` merged in)."""
+        """A chat completion's JSON read as plain data, not as the SDK's pydantic models (about 1 ms of CPU a
+        call, docs/serving.md "Overhead"); the body sent is the one ``chat.completions.create`` would send (its
+        ``extra_body`` merged in)."""
         try:
             data = json.loads(body)
         except ValueError:
@@ -187,6 +251,10 @@ class OpenAIChat:
         text = "".join(parts)
         in_tok, out_tok = self._usage(usage, msgs, text, who)
         return Completion(text, in_tok, out_tok, finish)
+
+    async def _close(self) -> None:
+        await self.direct.aclose()
+        await self.client.close()
 
     async def aclose(self) -> None:
         await self.closing.aclose()

@@ -68,6 +68,17 @@ def kind_for_status(status: int) -> ErrorKind:
     return "permanent"
 
 
+def status_error(status: int, detail: str, headers: Any, who: str) -> ProviderError:
+    """The ProviderError for an HTTP error reply: its kind from the status, its wait from Retry-After.
+
+    >>> e = status_error(429, "Error code: 429 - slow down", {"retry-after": "2"}, "worker w")
+    >>> (e.kind, str(e), e.retry_after, e.status)
+    ('rate_limited', 'worker w: HTTP 429: Error code: 429 - slow down', 2.0, 429)
+    """
+    return ProviderError(kind_for_status(status), f"{who}: HTTP {status}: {detail}",
+                         retry_after=retry_after_from_headers(headers), status=status)
+
+
 def classify(exc: BaseException, who: str) -> ProviderError:
     """Turn any SDK/transport exception into a redacted, classified ProviderError."""
     if isinstance(exc, ProviderError):
@@ -82,9 +93,7 @@ def classify(exc: BaseException, who: str) -> ProviderError:
     if isinstance(exc, (asyncio.TimeoutError, httpx.TimeoutException)) or "Timeout" in name:
         return ProviderError("timeout", f"{who}: timed out ({name})")
     if isinstance(status, int) and status >= 400:
-        kind = kind_for_status(status)
-        return ProviderError(kind, f"{who}: HTTP {status}: {detail}",
-                             retry_after=retry_after_from_headers(headers), status=status)
+        return status_error(status, detail, headers, who)
     if isinstance(exc, (httpx.TransportError, ConnectionError)) or "Connect" in name or "Disconnect" in name:
         return ProviderError("server", f"{who}: connection failed ({name}): {detail}")
     if isinstance(exc, json.JSONDecodeError) or "Validation" in name or "Decode" in name:
