@@ -72,9 +72,10 @@ class DirectPost:
 
     WHY not the SDK's ``client.post``: per call the SDK builds its request options (a pydantic model, a deep
     copy), its headers and URL (httpx's parser), an httpx request, and then its aiohttp transport turns that
-    into an aiohttp request and the reply back into an httpx response: 0.615 ms of CPU and 0.758 ms of latency a
-    call to the emulator on loopback, against 0.180 and 0.323 for the same post on aiohttp (docs/serving.md,
-    "Overhead"). Every remote worker call of a served request or a batch run pays it. What the SDK decides is
+    into an aiohttp request and the reply back into an httpx response: 0.650 ms of CPU and 0.849 ms of latency a
+    call to the emulator on loopback, against 0.201 and 0.409 for this post and 0.193 and 0.404 for a bare
+    aiohttp one (``bench/upstream_call.py``; docs/serving.md, "Eighth look"). Every remote worker call of a
+    served request or a batch run paid it. What the SDK decides is
     kept: the base URL it resolved (``OPENAI_BASE_URL`` included), its key, organization and project headers,
     and the text of its errors (``sdk_error_text``); tests/test_openai_direct.py holds this path and the SDK's
     to the same result, reply and error, fault by fault against the emulator. Streams stay on the SDK.
