@@ -206,8 +206,8 @@ async def run_load(base_url: str, items: list[tuple[str, str]], warmup: list[tup
 
 async def light_load(base_url: str, items: list[tuple[str, str]], warmup: list[tuple[str, str]], n_clients: int,
                      cpu_pid: int, lake_rows_total: int) -> tuple[int, float, float, float]:
-    """The same chat completions from a light load generator: aiohttp (the transport the ``openai[aiohttp]`` extra
-    uses), ``n_clients`` keep-alive connections, each one request at a time, without the SDK's own layers. Returns
+    """The same chat completions from a light load generator: aiohttp (the client OpenAI-wire workers post on,
+    ``DirectPost``), ``n_clients`` keep-alive connections, each one request at a time, without the SDK's own layers. Returns
     (errors, server CPU seconds, client CPU seconds, wall seconds) over the measured part, the lake's writes included
     (``lake_rows_total``: the rows the server will have written by then, earlier phases' included).
 

@@ -72,25 +72,6 @@ async def _sdk_stream(p: OpenAIChat, messages: list[Message], sink: Sink) -> Com
     return Completion(text, usage.prompt_tokens, usage.completion_tokens, finish)
 
 
-def _both_streams(w: Any, text: str) -> tuple[Any, Any]:
-    """(outcome, deltas) of the direct stream and of the SDK's, one after the other."""
-    async def go() -> tuple[Any, Any]:
-        p = make_provider(w)
-        assert isinstance(p, OpenAIChat)
-        try:
-            out = []
-            for call in (p.complete_stream, lambda m, k: _sdk_stream(p, m, k)):
-                sink = Sink()
-                try:
-                    out.append((await call([Message("user", text)], sink), sink.deltas))
-                except ProviderError as e:
-                    out.append(((e.kind, str(e), e.retry_after, e.status), sink.deltas))
-            return out[0], out[1]
-        finally:
-            await p.aclose()
-    return asyncio.run(go())
-
-
 def _outcome(coro: Any) -> Completion | tuple[str, str, float | None, int | None]:
     async def go() -> Any:
         try:
@@ -100,18 +81,28 @@ def _outcome(coro: Any) -> Completion | tuple[str, str, float | None, int | None
     return asyncio.run(go())
 
 
-def _both(w: Any, text: str) -> tuple[Any, Any]:
+async def _pair(p: OpenAIChat, text: str, stream: bool) -> tuple[Any, Any]:
+    """The direct call's outcome, then the SDK's: a Completion or (kind, text, retry_after, status); with ``stream``,
+    each paired with the deltas its sink saw."""
+    out = []
+    for direct in (True, False):
+        sink, msgs = Sink(), [Message("user", text)]
+        call = ((p.complete_stream(msgs, sink) if direct else _sdk_stream(p, msgs, sink)) if stream
+                else (p.complete(msgs) if direct else _sdk(p, msgs)))
+        try:
+            got: Any = await call
+        except ProviderError as e:
+            got = (e.kind, str(e), e.retry_after, e.status)
+        out.append((got, sink.deltas) if stream else got)
+    return out[0], out[1]
+
+
+def _both(w: Any, text: str, stream: bool = False) -> tuple[Any, Any]:
     async def go() -> tuple[Any, Any]:
         p = make_provider(w)
         assert isinstance(p, OpenAIChat)
         try:
-            out = []
-            for call in (p.complete, lambda m: _sdk(p, m)):
-                try:
-                    out.append(await call([Message("user", text)]))
-                except ProviderError as e:
-                    out.append((e.kind, str(e), e.retry_after, e.status))
-            return out[0], out[1]
+            return await _pair(p, text, stream)
         finally:
             await p.aclose()
     return asyncio.run(go())
@@ -180,7 +171,7 @@ def test_the_direct_session_is_closed_with_its_loop(emu) -> None:
 def test_a_direct_stream_answers_as_the_sdks_stream_does(emu, fault: str | None) -> None:
     emu.configure(scripted=[{"match": "prime", "reply": "Two is the only even prime, and then three, five, seven."}])
     w = worker(emu, "gpt", "openai_compatible")
-    (direct, deltas), (sdk, sdk_deltas) = _both_streams(w, "Name a prime." + (f" [[fault:{fault}]]" if fault else ""))
+    (direct, deltas), (sdk, sdk_deltas) = _both(w, "Name a prime." + (f" [[fault:{fault}]]" if fault else ""), stream=True)
     assert direct == sdk and deltas == sdk_deltas
     if fault is None:
         assert isinstance(direct, Completion) and len(deltas) > 5 and "".join(deltas) == direct.text
@@ -248,18 +239,11 @@ def test_odd_streams_end_as_the_sdks_do(name: str) -> None:
                                    "base_url": f"http://127.0.0.1:{port}/v1", "limits": {"timeout_s": 5}})
         p = make_provider(w)
         assert isinstance(p, OpenAIChat)
-        out = []
         try:
-            for call in (p.complete_stream, lambda m, k: _sdk_stream(p, m, k)):
-                sink = Sink()
-                try:
-                    out.append((await call([Message("user", "hello")], sink), sink.deltas))
-                except ProviderError as e:
-                    out.append(((e.kind, str(e)), sink.deltas))
+            return await _pair(p, "hello", stream=True)
         finally:
             await p.aclose()
             await runner.cleanup()
-        return out[0], out[1]
 
     (direct, deltas), (sdk, sdk_deltas) = asyncio.run(go())
     assert deltas == sdk_deltas

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import orjson
@@ -80,7 +81,7 @@ class DirectPost:
 
     def _session(self) -> Any:
         if self.session is None:
-            import aiohttp  # the SDK's own aiohttp extra (openai[aiohttp]); imported on first use
+            import aiohttp  # the providers extra; imported on first use
 
             self.session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=1000, keepalive_timeout=5.0),   # the SDK's limits
@@ -89,32 +90,20 @@ class DirectPost:
 
     async def send(self, body: dict[str, Any], who: str) -> bytes:
         """The reply's body, or a ProviderError (an error status, a timeout, a lost connection)."""
-        import aiohttp
-
-        try:
+        with _classified(who):
             async with self._session().post(self.url, data=orjson.dumps(body)) as reply:
                 raw: bytes = await reply.read()
                 if reply.status >= 400:
-                    raise status_error(reply.status, redact(sdk_error_text(reply.status, raw))[:500],
-                                       reply.headers, who)
+                    raise _status_error(reply, raw, who)
                 return raw
-        except TimeoutError as e:
-            raise ProviderError("timeout", f"{who}: timed out ({type(e).__name__})") from None
-        except (aiohttp.ClientError, OSError) as e:
-            raise ProviderError("server", f"{who}: connection failed ({type(e).__name__}): "
-                                          f"{redact(str(e))[:500]}") from None
 
     async def stream(self, body: dict[str, Any], who: str, on_chunk: Callable[[dict[str, Any]], None]) -> None:
         """Post a streamed request; each chunk's JSON goes to ``on_chunk`` as its event completes, up to
         ``data: [DONE]`` or the end of the body. An error event raises as the SDK's ``APIError`` is classified."""
-        import aiohttp
-
-        try:
+        with _classified(who):
             async with self._session().post(self.url, data=orjson.dumps(body)) as reply:
                 if reply.status >= 400:
-                    raw = await reply.read()
-                    raise status_error(reply.status, redact(sdk_error_text(reply.status, raw))[:500],
-                                       reply.headers, who)
+                    raise _status_error(reply, await reply.read(), who)
                 events = EventStream()
                 async for piece in reply.content.iter_any():
                     for event in events.feed(piece):
@@ -123,15 +112,27 @@ class DirectPost:
                         chunk = _stream_chunk(event.data, who)    # named or not, as the SDK reads chat streams
                         if chunk is not None:
                             on_chunk(chunk)
-        except TimeoutError as e:
-            raise ProviderError("timeout", f"{who}: timed out ({type(e).__name__})") from None
-        except (aiohttp.ClientError, OSError) as e:
-            raise ProviderError("server", f"{who}: connection failed ({type(e).__name__}): "
-                                          f"{redact(str(e))[:500]}") from None
 
     async def aclose(self) -> None:
         if self.session is not None:
             await self.session.close()
+
+
+@contextmanager
+def _classified(who: str) -> Iterator[None]:
+    """A timeout or a lost connection inside, as the ProviderError ``classify`` makes of the SDK's."""
+    import aiohttp
+
+    try:
+        yield
+    except TimeoutError as e:     # before OSError, of which it is one
+        raise ProviderError("timeout", f"{who}: timed out ({type(e).__name__})") from None
+    except (aiohttp.ClientError, OSError) as e:
+        raise ProviderError("server", f"{who}: connection failed ({type(e).__name__}): {redact(str(e))[:500]}") from None
+
+
+def _status_error(reply: Any, raw: bytes, who: str) -> ProviderError:
+    return status_error(reply.status, redact(sdk_error_text(reply.status, raw))[:500], reply.headers, who)
 
 
 def _stream_chunk(data: str, who: str) -> dict[str, Any] | None:
