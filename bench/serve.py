@@ -117,13 +117,20 @@ def direct(pool_path: Path, items: list[tuple[str, str]], strategy: str, clients
 
 
 def start_server(pool_path: Path, strategy: str, port: int, lake: Path, extra: list[str] | None = None,
-                 timeout: float = 300.0) -> subprocess.Popen[bytes]:
+                 timeout: float = 300.0, *, tree: Path = ROOT,
+                 env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """`conductor serve` in its own process, once it answers ``/health``; ``tree``: the source tree it runs
+    from (another worktree for a side-by-side comparison, bench/serve_pair.py), ``env``: variables added."""
     import httpx
 
     cmd = [sys.executable, "-m", "conductor", "serve", "--pool", str(pool_path), "--conductor", strategy,
-           "--port", str(port), "--key-rpm", "0", "--key-concurrency", "100000", *(["--lake", str(lake)] if os.environ.get("BENCH_LAKE", "1") == "1" else []),
+           "--port", str(port), "--key-rpm", "0", "--key-concurrency", "100000", "--lake", str(lake),
            "--registry", str(lake.parent / "registry"), *(extra or [])]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    environ = None
+    if tree != ROOT or env:
+        path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)
+        environ = {**os.environ, **(env or {}), "PYTHONPATH": path}
+    proc = subprocess.Popen(cmd, cwd=tree, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -97,7 +97,7 @@ def measure(variant: str, requests: int, concurrency: int, latency: float, strat
         app = create_app(cfg)
 
         async def run() -> float:
-            async with app.router.lifespan_context(app):
+            async with app.app.router.lifespan_context(app.app):
                 for q, _ in items[:100]:
                     await _call(app, q)
                 gate = asyncio.Semaphore(concurrency)
