@@ -1,7 +1,7 @@
 """Two `conductor serve` processes side by side, under the same load at the same time: a server-CPU comparison
 that the host's phase cannot fake.
 
-`bench/serve.py`'s ``server_cpu_ms_per_request`` moves with this host's phase: one tree measured 0.83 to 1.22 ms in
+`bench/serve.py`'s ``server_cpu_ms_per_request`` moves with this host's phase: one tree measured 0.83 to 1.26 ms in
 one day (docs/serving.md, "Sixth look" to "Ninth look"), so a change and its base run minutes apart cannot tell a 5%
 cut from the host. Here both servers run at once over the same simulated pool (``moa:0+1:2``, 0.25 s per worker
 call, the lake on), each answering the same 2,000 chat completions from its own 64 aiohttp keep-alive lanes (the
