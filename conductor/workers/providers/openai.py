@@ -49,9 +49,14 @@ def sdk_error_text(status: int, body: bytes) -> str:
         data = json.loads(body)
     except ValueError:
         return text
-    error = data.get("error", data) if isinstance(data, dict) else None
+    message = _message(data.get("error", data)) if isinstance(data, dict) else None
+    return f"{text} - {message}" if message else text
+
+
+def _message(error: Any) -> str | None:
+    """An error object's non-empty ``message``, as the SDK reads it, or None."""
     message = error.get("message") if isinstance(error, dict) else None
-    return f"{text} - {message}" if isinstance(message, str) and message else text
+    return message if isinstance(message, str) and message else None
 
 
 class DirectPost:
@@ -144,9 +149,7 @@ def _stream_chunk(data: str, who: str) -> dict[str, Any] | None:
     if not isinstance(chunk, dict):
         return None
     if chunk.get("error"):
-        error = chunk["error"]
-        message = error.get("message") if isinstance(error, dict) else None
-        text = message if isinstance(message, str) and message else "An error occurred during streaming"
+        text = _message(chunk["error"]) or "An error occurred during streaming"
         raise ProviderError("permanent", f"{who}: APIError: {redact(text)[:500]}")
     return chunk
 
